@@ -1,0 +1,72 @@
+"""The `nodewarm` command. Each part of the product registers its own subcommands here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__, logs
+from .errors import NodewarmError
+
+# (module, attribute): each exposes register(subparsers) adding parsers whose `func(args) -> int` runs.
+# Order is the order shown in --help.
+TOP_LEVEL = [
+    "nodewarm.nodeclasses.cli",   # render
+    "nodewarm.bootstrap.cli",     # bootstrap weights | compile-cache | run ; publish
+    "nodewarm.controller.cli",    # controller
+    "nodewarm.userdata.cli",      # package
+    "nodewarm.demo.cli",          # demo
+]
+
+DESCRIPTION = """\
+nodewarm makes a freshly scaled-up Karpenter / EKS Auto Mode GPU node serve vLLM in seconds:
+the node pulls the model from S3 onto its NVMe RAID and restores the torch.compile caches while a
+startup taint keeps pods away; the controller lifts the taint once the node reports Warm.
+
+Typical flow:
+  nodewarm render -f profile.yaml | kubectl apply --server-side -f -   # NodeClass, NodePool, vLLM
+  nodewarm package --profile profile.yaml                              # the artifact nodes fetch
+  nodewarm controller --profile profile.yaml                           # in the cluster
+  nodewarm demo                                                        # everything, locally, no AWS
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nodewarm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"nodewarm {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in TOP_LEVEL:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # Only tolerate the part itself being absent (a trimmed install), never a broken import inside it.
+            if e.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logs.setup(args.log_level)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except NodewarmError as e:
+        print(f"nodewarm: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("nodewarm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Session-wide real servers: one local S3 server per engine, one local kube-apiserver.
+
+Each starts once per test session on free loopback ports and is stopped at the end. Nothing here is
+mocked: tests talk to real processes over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nodewarm.testenv import s3server
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """rclone `serve s3` over a plain directory (a top-level folder is a bucket)."""
+    server = s3server.start("rclone", tmp_path_factory.mktemp("s3-rclone") / "data")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_exact(tmp_path_factory):
+    """SeaweedFS: AWS-exact ETags, 412 on failed conditions, If-None-Match writes."""
+    server = s3server.start("seaweedfs", tmp_path_factory.mktemp("s3-seaweed") / "data")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(s3, monkeypatch):
+    """The standard AWS environment pointed at the rclone server, for code that reads os.environ."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    return s3
