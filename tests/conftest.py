@@ -35,3 +35,23 @@ def aws_env(s3, monkeypatch):
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     return s3
+
+
+# Simulated kubelet identities in tokens.csv (tokens.csv is read once at server start).
+KUBE_NODE_NAMES = tuple(f"node-{i}" for i in range(8))
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory):
+    """A real kube-apiserver + etcd with the upstream Karpenter CRDs, the WarmProfile CRD and the
+    (nodewarm-written) Auto Mode NodeClass test CRD installed. ``kube.api_client()`` is admin;
+    ``kube.api_client(kube.node_token("node-0"))`` is that node's kubelet identity."""
+    from nodewarm.testenv import kube as kubeenv
+    from nodewarm.testenv.crds import all_crds
+
+    cluster = kubeenv.start(tmp_path_factory.mktemp("kube"), node_names=KUBE_NODE_NAMES)
+    try:
+        cluster.apply_crds(all_crds())
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,279 @@
+"""The WarmProfile: the user's one document, parsed into typed, validated settings.
+
+Validation happens in two layers, both reporting ``field: bad value: fix``:
+1. the JSON Schema (shape, types, enums, unknown fields), shared with the CRD;
+2. semantic checks the schema cannot express (TP against the GPUs of every allowed instance type,
+   model size against their NVMe, mode-specific required fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from . import instancetypes, sizing
+from .errors import ProfileError
+from .schema import strict_schema
+
+
+@dataclass(frozen=True)
+class Model:
+    uri: str
+    size_gb: float | None
+    revision: str
+
+
+@dataclass(frozen=True)
+class Serving:
+    image: str
+    tensor_parallel_size: int
+    max_model_len: int | None
+    chunk_size_gb: float
+    dtype: str
+    replicas: int
+    namespace: str
+    port: int
+    s3_request_timeout_ms: int
+    s3_low_speed_limit: int
+    extra_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    mode: str                      # karpenter | automode
+    node_pool: str
+    node_class: str
+    instance_types: tuple[str, ...]
+    role: str | None
+    ami_alias: str
+    subnet_selector_terms: tuple[dict, ...]
+    security_group_selector_terms: tuple[dict, ...]
+    user_data: str | None
+    ephemeral_storage_size: str | None
+
+    @property
+    def cache_mount(self) -> str:
+        """Where the node's NVMe RAID is mounted (nodeadm on AL2023; apiclient on Bottlerocket/Auto Mode)."""
+        if self.mode == "automode" or self.ami_alias.startswith("bottlerocket@"):
+            return "/mnt/.ephemeral"
+        return "/mnt/k8s-disks/0"
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    uri: str
+    verify_key: str | None
+
+
+@dataclass(frozen=True)
+class Readiness:
+    taint_key: str
+    deadline: str
+    on_deadline: str               # untaint | replace | keep
+
+    @property
+    def deadline_s(self) -> int:
+        return sizing.parse_duration_s(self.deadline)
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    image: str | None
+    artifact_uri: str | None
+    artifact_sha256: str | None
+    allow_non_nvme: bool
+
+
+@dataclass(frozen=True)
+class WarmProfile:
+    name: str
+    model: Model
+    serving: Serving
+    nodes: Nodes
+    compile_cache: CompileCache
+    readiness: Readiness
+    bootstrap: Bootstrap
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def size_gb(self) -> float:
+        if self.model.size_gb is None:
+            raise ProfileError("spec.model.sizeGB", None, "set it, or let `nodewarm render --measure` list the S3 prefix")
+        return self.model.size_gb
+
+    @property
+    def concurrency(self) -> int:
+        return sizing.streamer_concurrency(self.size_gb, self.serving.chunk_size_gb)
+
+    @property
+    def warm_dir(self) -> str:
+        """Where the weights land on the node, and where vLLM reads them from."""
+        return f"{self.nodes.cache_mount}/nodewarm/models/{self.name}"
+
+    @property
+    def compile_cache_dir(self) -> str:
+        return f"{self.nodes.cache_mount}/nodewarm/cache/{self.name}"
+
+    def with_size(self, size_gb: float) -> "WarmProfile":
+        from dataclasses import replace
+        return replace(self, model=replace(self.model, size_gb=size_gb))
+
+
+def _path(err: jsonschema.ValidationError) -> str:
+    parts = []
+    for p in err.absolute_path:
+        parts.append(f"[{p}]" if isinstance(p, int) else (("." if parts else "") + str(p)))
+    return "".join(parts) or "(document)"
+
+
+def _schema_fix(err: jsonschema.ValidationError) -> str:
+    v = err.validator
+    if v == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"unknown field(s) {extra}; allowed: {sorted(err.schema.get('properties', {}))}"
+    if v == "required":
+        return err.message.replace("is a required property", "is required here")
+    if v == "enum":
+        return f"must be one of {err.validator_value}"
+    if v == "pattern":
+        return f"must match {err.validator_value}"
+    if v in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxLength", "minLength"):
+        return f"{v} is {err.validator_value}"
+    if v == "type":
+        return f"must be of type {err.validator_value}"
+    return err.message
+
+
+def validate_document(doc: Any) -> None:
+    """Schema check; raises ProfileError for the first (most specific) error."""
+    validator = jsonschema.Draft202012Validator(strict_schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (len(list(e.absolute_path)), e.message), reverse=True)
+    if errors:
+        e = errors[0]
+        value = e.instance if e.validator not in ("required", "additionalProperties") else None
+        raise ProfileError(_path(e), value, _schema_fix(e))
+
+
+def from_dict(doc: dict) -> WarmProfile:
+    """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
+    validate_document(doc)
+    s = doc["spec"]
+    m, sv, n, cc = s["model"], s["serving"], s["nodes"], s["compileCache"]
+    r, b = s.get("readiness", {}), s.get("bootstrap", {})
+    return WarmProfile(
+        name=doc["metadata"]["name"],
+        model=Model(uri=m["uri"], size_gb=m.get("sizeGB"), revision=m.get("revision", "")),
+        serving=Serving(
+            image=sv["image"],
+            tensor_parallel_size=sv.get("tensorParallelSize", 1),
+            max_model_len=sv.get("maxModelLen"),
+            chunk_size_gb=sv.get("chunkSizeGB", 4),
+            dtype=sv.get("dtype", "auto"),
+            replicas=sv.get("replicas", 1),
+            namespace=sv.get("namespace", "default"),
+            port=sv.get("port", 8000),
+            s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", 10000),
+            s3_low_speed_limit=sv.get("s3LowSpeedLimit", 1048576),
+            extra_args=tuple(sv.get("extraArgs", ())),
+        ),
+        nodes=Nodes(
+            mode=n["mode"],
+            node_pool=n["nodePool"],
+            node_class=n["nodeClass"],
+            instance_types=tuple(n["instanceTypes"]),
+            role=n.get("role"),
+            ami_alias=n.get("amiAlias", "al2023@latest"),
+            subnet_selector_terms=tuple(n.get("subnetSelectorTerms", ())),
+            security_group_selector_terms=tuple(n.get("securityGroupSelectorTerms", ())),
+            user_data=n.get("userData"),
+            ephemeral_storage_size=n.get("ephemeralStorageSize"),
+        ),
+        compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey")),
+        readiness=Readiness(
+            taint_key=r.get("taintKey", "nodewarm.io/warming"),
+            deadline=r.get("deadline", "20m"),
+            on_deadline=r.get("onDeadline", "untaint"),
+        ),
+        bootstrap=Bootstrap(
+            image=b.get("image"),
+            artifact_uri=b.get("artifactUri"),
+            artifact_sha256=b.get("artifactSha256"),
+            allow_non_nvme=b.get("allowNonNvme", False),
+        ),
+        raw=doc,
+    )
+
+
+def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
+    """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
+    n = p.nodes
+    for i, name in enumerate(n.instance_types):
+        if name not in types:
+            raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
+                               "unknown instance type; check the spelling, or pass --instance-source ec2 "
+                               "to look it up with DescribeInstanceTypes")
+    if n.mode == "karpenter" or n.mode == "automode":
+        if not n.role:
+            raise ProfileError("spec.nodes.role", None, "the IAM role (name) the nodes run as is required")
+        for f, v in (("subnetSelectorTerms", n.subnet_selector_terms),
+                     ("securityGroupSelectorTerms", n.security_group_selector_terms)):
+            if not v:
+                raise ProfileError(f"spec.nodes.{f}", None, "required: at least one term, e.g. "
+                                   "[{tags: {karpenter.sh/discovery: my-cluster}}]")
+    if n.mode == "automode":
+        if n.user_data:
+            raise ProfileError("spec.nodes.userData", "<set>", "Auto Mode has no user data; remove it "
+                               "(nodewarm runs as a DaemonSet there)")
+        if not n.ami_alias.startswith("al2023@") and "amiAlias" in p.raw["spec"]["nodes"]:
+            raise ProfileError("spec.nodes.amiAlias", n.ami_alias, "Auto Mode picks the AMI itself; remove amiAlias")
+
+    tp = p.serving.tensor_parallel_size
+    for i, name in enumerate(n.instance_types):
+        it = types[name]
+        if it.gpus == 0:
+            raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name, "has no GPU; choose a GPU instance type")
+        if tp > it.gpus or it.gpus % tp:
+            good = [d for d in range(1, it.gpus + 1) if it.gpus % d == 0]
+            raise ProfileError("spec.serving.tensorParallelSize", tp,
+                               f"{name} has {it.gpus} GPUs; tensorParallelSize must divide that: one of {good}")
+        if it.nvme_gb == 0:
+            raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
+                               "has no NVMe instance store; nodewarm needs one to hold the weights")
+
+    if p.model.size_gb is not None:
+        need = sizing.required_nvme_gb(p.model.size_gb)
+        for i, name in enumerate(n.instance_types):
+            if need > types[name].nvme_gb:
+                raise ProfileError("spec.model.sizeGB", p.model.size_gb,
+                                   f"{name} has {types[name].nvme_gb} GB of NVMe, but the model plus "
+                                   f"{sizing.headroom_gb(p.model.size_gb):.0f} GB headroom needs {need:.0f} GB; "
+                                   "pick larger instance types")
+    if n.mode == "automode" and n.ephemeral_storage_size:
+        size_b = sizing.parse_quantity_bytes(n.ephemeral_storage_size)
+        smallest = min(n.instance_types, key=lambda t: types[t].nvme_gb)
+        if size_b >= types[smallest].nvme_bytes:
+            raise ProfileError("spec.nodes.ephemeralStorageSize", n.ephemeral_storage_size,
+                               f"must be strictly below the NVMe capacity of every allowed type "
+                               f"({smallest}: {types[smallest].nvme_gb}G), or Auto Mode silently uses EBS; "
+                               f"omit it to get {sizing.automode_ephemeral_size(types[smallest].nvme_gb)}")
+        if p.model.size_gb is not None and size_b < sizing.required_nvme_gb(p.model.size_gb) * sizing.GB:
+            raise ProfileError("spec.nodes.ephemeralStorageSize", n.ephemeral_storage_size,
+                               f"must be at least the model plus headroom "
+                               f"({sizing.required_nvme_gb(p.model.size_gb):.0f}G)")
+
+
+def load(path: str | Path) -> WarmProfile:
+    """Read one WarmProfile YAML document from a file ('-' for stdin) and schema-validate it."""
+    import sys
+    text = sys.stdin.read() if str(path) == "-" else Path(path).read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ProfileError("(file)", str(path), f"not valid YAML: {e}") from None
+    if len(docs) != 1:
+        raise ProfileError("(file)", str(path), f"expected exactly one WarmProfile document, found {len(docs)}")
+    return from_dict(docs[0])
