@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
             # Only tolerate the part itself being absent (a trimmed install), never a broken import inside it.
-            if e.name != name:
+            if not name.startswith(e.name or "\0"):
                 raise
             continue
         module.register(sub)

@@ -54,6 +54,7 @@ class Nodes:
     security_group_selector_terms: tuple[dict, ...]
     user_data: str | None
     ephemeral_storage_size: str | None
+    region: str | None
 
     @property
     def cache_mount(self) -> str:
@@ -116,7 +117,8 @@ class WarmProfile:
 
     @property
     def compile_cache_dir(self) -> str:
-        return f"{self.nodes.cache_mount}/nodewarm/cache/{self.name}"
+        """The hostPath vLLM's XDG_CACHE_HOME / Inductor / Triton caches live in (the AWS guide's layout)."""
+        return f"{self.nodes.cache_mount}/compile-cache"
 
     def with_size(self, size_gb: float) -> "WarmProfile":
         from dataclasses import replace
@@ -176,7 +178,7 @@ def from_dict(doc: dict) -> WarmProfile:
             replicas=sv.get("replicas", 1),
             namespace=sv.get("namespace", "default"),
             port=sv.get("port", 8000),
-            s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", 10000),
+            s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", 3000),
             s3_low_speed_limit=sv.get("s3LowSpeedLimit", 1048576),
             extra_args=tuple(sv.get("extraArgs", ())),
         ),
@@ -191,6 +193,7 @@ def from_dict(doc: dict) -> WarmProfile:
             security_group_selector_terms=tuple(n.get("securityGroupSelectorTerms", ())),
             user_data=n.get("userData"),
             ephemeral_storage_size=n.get("ephemeralStorageSize"),
+            region=n.get("region"),
         ),
         compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey")),
         readiness=Readiness(

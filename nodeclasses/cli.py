@@ -1,0 +1,106 @@
+"""`nodewarm render`: a WarmProfile -> the Kubernetes objects (and IAM policy) that make nodes warm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from nodewarm import instancetypes, profile
+from nodewarm.errors import NodewarmError, ProfileError
+from nodewarm.sizing import GB
+
+from . import crdvalidate
+from .render import render
+
+HELP = """\
+Render everything one WarmProfile needs, as multi-document YAML for `kubectl apply --server-side -f -`:
+
+  karpenter mode : WarmProfile, EC2NodeClass (instanceStorePolicy: RAID0, AL2023 alias, userData with the
+                   bootstrap unit merged into your own parts), NodePool (startupTaints), vLLM Deployment+Service
+  automode       : WarmProfile, NodeClass (ephemeralStorage.size below every allowed type's NVMe), NodePool,
+                   the bootstrap DaemonSet, vLLM Deployment+Service
+
+The IAM policy the node role needs is written to DIR/iam-policy.json with -o, or printed with --iam.
+Instance NVMe/GPU facts come from a built-in table, or from EC2 DescribeInstanceTypes with
+--instance-source ec2 (uses the standard AWS environment).
+When spec.model.sizeGB is omitted, --measure lists the S3 prefix (standard AWS environment) to size it.
+
+Exit codes: 0 ok; 2 invalid profile (the message names the field, the bad value and the fix);
+1 other failures (S3/EC2 unreachable, CRD check failed).
+
+Example:
+  nodewarm render -f examples/qwen3-karpenter.yaml | kubectl apply --server-side -f -
+  nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
+"""
+
+
+def measure_prefix_gb(uri: str) -> float:
+    import boto3
+
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    total = 0
+    for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        total += sum(o["Size"] for o in page.get("Contents", []))
+    if total == 0:
+        raise ProfileError("spec.model.uri", uri, "the prefix is empty or unreadable; check the URI and credentials")
+    return total / GB
+
+
+def load_checked(path: str, source: str = "offline", measure: bool = False) -> tuple[profile.WarmProfile, dict]:
+    p = profile.load(path)
+    if p.model.size_gb is None and measure:
+        p = p.with_size(measure_prefix_gb(p.model.uri))
+    types = instancetypes.lookup(list(p.nodes.instance_types), source)
+    profile.check(p, types)
+    if p.model.size_gb is None:
+        raise ProfileError("spec.model.sizeGB", None, "set it, or pass --measure to size it from the S3 listing")
+    return p, types
+
+
+def dump_all(docs: list[dict]) -> str:
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    p, types = load_checked(args.file, args.instance_source, args.measure)
+    out = render(p, types)
+    if args.crds:
+        crd_files = sorted(Path(args.crds).glob("*.yaml"))
+        report = crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files))
+        if report:
+            lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
+            raise NodewarmError("rendered objects fail the CRD schemas in " + args.crds + ":\n  " + "\n  ".join(lines),
+                                reason="CRDValidationFailed")
+    if args.output_dir:
+        d = Path(args.output_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for i, doc in enumerate(out.documents):
+            (d / f"{i:02d}-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml").write_text(dump_all([doc]))
+        (d / "iam-policy.json").write_text(json.dumps(out.iam_policy, indent=2) + "\n")
+        print(f"wrote {len(out.documents)} manifests and iam-policy.json to {d}", file=sys.stderr)
+    elif args.iam:
+        print(json.dumps(out.iam_policy, indent=2))
+    else:
+        sys.stdout.write(dump_all(out.documents))
+    if out.user_data_budget_left is not None:
+        print(f"userData budget left (after an estimate of Karpenter's own parts): {out.user_data_budget_left} bytes",
+              file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    r = sub.add_parser("render", help="render NodeClass, NodePool, vLLM Deployment (+IAM policy) from a WarmProfile",
+                       description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("-f", "--file", required=True, help="WarmProfile YAML ('-' for stdin)")
+    r.add_argument("-o", "--output-dir", help="write one file per object plus iam-policy.json here")
+    r.add_argument("--iam", action="store_true", help="print only the node IAM policy (JSON)")
+    r.add_argument("--instance-source", choices=["offline", "ec2"], default="offline",
+                   help="where NVMe/GPU facts come from (default: built-in table)")
+    r.add_argument("--measure", action="store_true", help="size the model from the S3 listing when sizeGB is omitted")
+    r.add_argument("--crds", help="also check every object strictly against the CRDs in this folder "
+                                  "(the pkg/apis/crds of the Karpenter release you run)")
+    r.set_defaults(func=run)

@@ -1,0 +1,37 @@
+"""WarmProfile -> how the node starts the bootstrap (the user-data part, or the DaemonSet on Auto Mode)."""
+
+from __future__ import annotations
+
+import os
+
+from nodewarm import __version__
+from nodewarm.errors import ProfileError
+from nodewarm.profile import WarmProfile
+from nodewarm.userdata.launch import BootstrapLaunch
+
+
+def region_of(p: WarmProfile) -> str:
+    region = p.nodes.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise ProfileError("spec.nodes.region", None, "set the cluster's AWS region (or export AWS_REGION)")
+    return region
+
+
+def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
+    b = p.bootstrap
+    if not b.artifact_uri or not b.artifact_sha256:
+        missing = "spec.bootstrap.artifactUri" if not b.artifact_uri else "spec.bootstrap.artifactSha256"
+        raise ProfileError(missing, None, "run `nodewarm package`, upload the file it builds, and put its "
+                                          "s3:// URI and sha256 here (nodes verify the sha256 before running it)")
+    return BootstrapLaunch(
+        artifact_uri=b.artifact_uri,
+        artifact_sha256=b.artifact_sha256,
+        profile=p.name,
+        model_uri=p.model.uri,
+        dest_dir=p.warm_dir,
+        compile_cache_uri=p.compile_cache.uri,
+        mode=p.nodes.mode,
+        cache_mount=p.nodes.cache_mount,
+        region=region_of(p),
+        nodewarm_version=__version__,
+    )

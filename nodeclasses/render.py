@@ -1,0 +1,64 @@
+"""Everything `nodewarm render` prints for one WarmProfile, as a list of Kubernetes documents.
+
+Pure: given the profile, the instance facts and (optionally) the EC2NodeClass's current user data, it
+returns the objects; the CLI does the I/O. The same functions feed the controller's injector, so what
+`render` shows is exactly what the controller converges to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nodewarm.instancetypes import InstanceType
+from nodewarm.profile import WarmProfile
+
+from . import automode, ec2nodeclass, iam, nodepool, vllm
+from .launch import bootstrap_launch
+
+
+@dataclass(frozen=True)
+class Rendered:
+    documents: list[dict]          # in apply order
+    iam_policy: dict
+    user_data_budget_left: int | None
+
+
+def node_user_data(p: WarmProfile, existing: str | None) -> tuple[str, int]:
+    """The EC2NodeClass userData: the user's own parts (kept, in order) plus nodewarm's part, once."""
+    from nodewarm.userdata import al2023, merge
+
+    result = merge.merge(existing if existing is not None else p.nodes.user_data, al2023.render_part(bootstrap_launch(p)))
+    return result.user_data, result.budget_left
+
+
+def uses_daemonset(p: WarmProfile) -> bool:
+    """Auto Mode has no user data and Bottlerocket has no shell: there the bootstrap is a DaemonSet."""
+    return p.nodes.mode == "automode" or p.nodes.ami_alias.startswith("bottlerocket@")
+
+
+def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
+    docs: list[dict] = [warmprofile_document(p)]
+    budget = None
+    if p.nodes.mode == "karpenter":
+        if uses_daemonset(p):
+            user_data = p.nodes.user_data or ""
+        else:
+            user_data, budget = node_user_data(p, None)
+        docs.append(ec2nodeclass.render(p, user_data))
+    else:
+        docs.append(automode.render(p, types))
+    docs.append(nodepool.render(p))
+    if uses_daemonset(p):
+        from nodewarm.userdata import daemonset
+
+        docs += daemonset.render(bootstrap_launch(p), image=p.bootstrap.image, node_pool=p.nodes.node_pool,
+                                 taint_key=p.readiness.taint_key, namespace=p.serving.namespace)
+    docs += [vllm.deployment(p), vllm.service(p)]
+    return Rendered(docs, iam.node_policy(p), budget)
+
+
+def warmprofile_document(p: WarmProfile) -> dict:
+    """The profile itself, so the controller in the cluster watches the same settings `render` used."""
+    doc = {k: v for k, v in p.raw.items() if k in ("apiVersion", "kind", "spec")}
+    doc["metadata"] = {"name": p.name}
+    return doc

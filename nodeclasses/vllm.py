@@ -1,0 +1,124 @@
+"""The vLLM Deployment and Service, tuned as in the AWS "fast model loading" guide, reading the weights
+nodewarm put on the node's NVMe instead of streaming them from S3 again.
+
+Deliberate choices:
+* ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)``; ``distributed`` only
+  when TP > 1 (with TP = 1 it buys nothing, and it needs the V1 engine).
+* never ``--enforce-eager``: it turns torch.compile off, so the restored compile cache would be unused.
+* XDG_CACHE_HOME / TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR on a hostPath on the NVMe mount, where
+  the bootstrap restored the caches.
+* NO toleration of the readiness taint: the pod must not land before the node is warm. Only the GPU
+  taint is tolerated.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nodewarm.profile import WarmProfile
+
+from .labels import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
+
+GIB = 2**30
+MODEL_MOUNT = "/models"
+CACHE_MOUNT = "/compile-cache"
+
+
+def model_loader_extra_config(p: WarmProfile) -> dict:
+    cfg: dict = {"concurrency": p.concurrency}
+    if p.serving.tensor_parallel_size > 1:
+        cfg["distributed"] = True
+    return cfg
+
+
+def args(p: WarmProfile) -> list[str]:
+    s = p.serving
+    out = [
+        f"--model={MODEL_MOUNT}/{p.name}",
+        f"--served-model-name={p.name}",
+        "--load-format=runai_streamer",
+        "--model-loader-extra-config=" + json.dumps(model_loader_extra_config(p), separators=(",", ":")),
+        f"--tensor-parallel-size={s.tensor_parallel_size}",
+        f"--dtype={s.dtype}",
+        "--host=0.0.0.0",
+        f"--port={s.port}",
+    ]
+    if s.max_model_len:
+        out.append(f"--max-model-len={s.max_model_len}")
+    out += [a for a in s.extra_args if a != "--enforce-eager"]
+    return out
+
+
+def env(p: WarmProfile) -> list[dict]:
+    s = p.serving
+    return [
+        {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(int(s.chunk_size_gb * GIB))},
+        {"name": "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS", "value": str(s.s3_request_timeout_ms)},
+        {"name": "RUNAI_STREAMER_S3_LOW_SPEED_LIMIT", "value": str(s.s3_low_speed_limit)},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_MOUNT}/inductor"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
+    ]
+
+
+def labels(p: WarmProfile) -> dict:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": p.name, PROFILE_LABEL: p.name}
+
+
+def pod_spec(p: WarmProfile) -> dict:
+    s = p.serving
+    gpus = str(s.tensor_parallel_size)
+    return {
+        "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool},
+        "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{
+            "name": "vllm",
+            "image": s.image,
+            "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+            "args": args(p),
+            "ports": [{"containerPort": s.port, "name": "http", "protocol": "TCP"}],
+            "env": env(p),
+            "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}},
+            "volumeMounts": [
+                {"name": "weights", "mountPath": f"{MODEL_MOUNT}/{p.name}", "readOnly": True},
+                {"name": "compile-cache", "mountPath": CACHE_MOUNT},
+            ],
+            "startupProbe": {"httpGet": {"path": "/health", "port": s.port},
+                             "periodSeconds": 10, "failureThreshold": 60, "initialDelaySeconds": 30},
+            "readinessProbe": {"httpGet": {"path": "/health", "port": s.port},
+                               "periodSeconds": 5, "timeoutSeconds": 3},
+        }],
+        "volumes": [
+            # type Directory, not DirectoryOrCreate: a node without the warmed weights must fail the pod
+            # loudly instead of serving from an empty directory created on the root EBS volume.
+            {"name": "weights", "hostPath": {"path": p.warm_dir, "type": "Directory"}},
+            {"name": "compile-cache", "hostPath": {"path": p.compile_cache_dir, "type": "DirectoryOrCreate"}},
+        ],
+    }
+
+
+def deployment(p: WarmProfile) -> dict:
+    lab = labels(p)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": f"{p.name}-vllm", "namespace": p.serving.namespace,
+                     "labels": {**lab, MANAGED_BY: "nodewarm"}},
+        "spec": {
+            "replicas": p.serving.replicas,
+            "selector": {"matchLabels": lab},
+            "template": {"metadata": {"labels": lab}, "spec": pod_spec(p)},
+        },
+    }
+
+
+def service(p: WarmProfile) -> dict:
+    # `protocol` is spelled out: it is a key of the ports list, and server-side apply on older API
+    # servers rejects list entries that omit a key even where the field has a default.
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{p.name}-vllm", "namespace": p.serving.namespace,
+                     "labels": {**labels(p), MANAGED_BY: "nodewarm"}},
+        "spec": {"selector": labels(p), "ports": [{"name": "http", "port": p.serving.port, "targetPort": "http", "protocol": "TCP"}]},
+    }

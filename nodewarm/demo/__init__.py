@@ -1,0 +1,1 @@
+"""`nodewarm demo`: the whole product on one machine, on embedded defaults, without AWS."""

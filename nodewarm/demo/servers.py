@@ -1,0 +1,53 @@
+"""The demo's local servers, started together and always stopped together (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodewarm import logs
+from nodewarm.testenv import kube as kubeenv
+from nodewarm.testenv import s3server
+from nodewarm.testenv.crds import all_crds
+
+log = logs.get("demo.servers")
+
+
+@dataclass
+class Servers:
+    kube: kubeenv.KubeCluster
+    s3: s3server.S3Server
+    workdir: Path
+    scheduler: bool
+
+
+@contextlib.contextmanager
+def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: bool = True):
+    """Start S3 + etcd + kube-apiserver (+ kube-scheduler); yield; stop everything, whatever happens."""
+    work = Path(workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    # SIGTERM must unwind like Ctrl-C so the finally blocks below stop every child process.
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    s3 = kube = None
+    try:
+        s3 = s3server.start("rclone", work / "s3")
+        log.info("demo.s3.started", endpoint=s3.endpoint, data_dir=str(s3.data_dir))
+        kube = kubeenv.start(work / "kube", node_names=node_names)
+        kube.apply_crds(all_crds())
+        log.info("demo.kube.started", server=kube.server, kubeconfig=str(kube.write_kubeconfig()))
+        sched = False
+        if with_scheduler and (kubeenv.kube_bin_dir() / "kube-scheduler").exists():
+            kubeenv.start_scheduler(kube)
+            sched = True
+            log.info("demo.scheduler.started")
+        yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched)
+    finally:
+        if kube:
+            kube.stop()
+        if s3:
+            s3.stop()
+        signal.signal(signal.SIGTERM, previous)
+        log.info("demo.servers.stopped")

@@ -1,0 +1,46 @@
+"""Profile documents for tests: a valid base per mode, and `variant()` to change one field."""
+
+from __future__ import annotations
+
+import copy
+
+BASE = {
+    "apiVersion": "nodewarm.io/v1alpha1",
+    "kind": "WarmProfile",
+    "metadata": {"name": "qwen3-35b"},
+    "spec": {
+        "model": {"uri": "s3://models-bucket/qwen3-35b/", "sizeGB": 67},
+        "serving": {"image": "vllm/vllm-openai:v0.21.0", "tensorParallelSize": 2, "maxModelLen": 8192,
+                    "chunkSizeGB": 4},
+        "nodes": {"mode": "karpenter", "nodePool": "gpu-p5", "nodeClass": "gpu-p5",
+                  "instanceTypes": ["p5.48xlarge"], "role": "KarpenterNodeRole-my-cluster", "region": "us-west-2",
+                  "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "my-cluster"}}],
+                  "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "my-cluster"}}]},
+        "compileCache": {"uri": "s3://cache-bucket/compile-cache/"},
+        "readiness": {"taintKey": "nodewarm.io/warming", "deadline": "20m", "onDeadline": "untaint"},
+        "bootstrap": {"artifactUri": "s3://cache-bucket/nodewarm/nodewarm-0.1.0.pyz",
+                      "artifactSha256": "a" * 64, "image": "registry.example/nodewarm:0.1.0"},
+    },
+}
+
+
+def variant(mode: str = "karpenter", **changes) -> dict:
+    """A copy of BASE; ``changes`` maps dotted paths under the document ('spec.model.sizeGB') to values
+    (None deletes the key)."""
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["nodes"]["mode"] = mode
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = doc
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return doc
+
+
+def v(mode="karpenter", **changes):
+    """variant() with '__' in keyword names standing for '.' (Python identifiers can't hold dots)."""
+    return variant(mode, **{k.replace("__", "."): val for k, val in changes.items()})
