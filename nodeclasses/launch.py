@@ -19,7 +19,9 @@ def region_of(p: WarmProfile) -> str:
 
 def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
     b = p.bootstrap
-    if not b.artifact_uri or not b.artifact_sha256:
+    # The DaemonSet launcher runs nodewarm from its image; only the user-data launcher fetches the artifact.
+    needs_artifact = p.nodes.mode == "karpenter" and not p.nodes.ami_alias.startswith("bottlerocket@")
+    if needs_artifact and (not b.artifact_uri or not b.artifact_sha256):
         missing = "spec.bootstrap.artifactUri" if not b.artifact_uri else "spec.bootstrap.artifactSha256"
         raise ProfileError(missing, None, "run `nodewarm package`, upload the file it builds, and put its "
                                           "s3:// URI and sha256 here (nodes verify the sha256 before running it)")

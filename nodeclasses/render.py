@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nodewarm.errors import ProfileError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 
@@ -31,6 +32,13 @@ def node_user_data(p: WarmProfile, existing: str | None) -> tuple[str, int]:
     return result.user_data, result.budget_left
 
 
+def bootstrap_image(p: WarmProfile) -> str:
+    if not p.bootstrap.image:
+        raise ProfileError("spec.bootstrap.image", None, "Auto Mode and Bottlerocket run the bootstrap as a DaemonSet: "
+                                                         "set an image that has nodewarm and python3 on PATH")
+    return p.bootstrap.image
+
+
 def uses_daemonset(p: WarmProfile) -> bool:
     """Auto Mode has no user data and Bottlerocket has no shell: there the bootstrap is a DaemonSet."""
     return p.nodes.mode == "automode" or p.nodes.ami_alias.startswith("bottlerocket@")
@@ -51,8 +59,8 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     if uses_daemonset(p):
         from nodewarm.userdata import daemonset
 
-        docs += daemonset.render(bootstrap_launch(p), image=p.bootstrap.image, node_pool=p.nodes.node_pool,
-                                 taint_key=p.readiness.taint_key, namespace=p.serving.namespace)
+        docs += daemonset.manifests(bootstrap_launch(p), nodepool=p.nodes.node_pool, image=bootstrap_image(p),
+                                    readiness_taint_key=p.readiness.taint_key, namespace=p.serving.namespace)
     docs += [vllm.deployment(p), vllm.service(p)]
     return Rendered(docs, iam.node_policy(p), budget)
 

@@ -26,8 +26,8 @@ startup taint keeps pods away; the controller lifts the taint once the node repo
 
 Typical flow:
   nodewarm render -f profile.yaml | kubectl apply --server-side -f -   # NodeClass, NodePool, vLLM
-  nodewarm package --profile profile.yaml                              # the artifact nodes fetch
-  nodewarm controller --profile profile.yaml                           # in the cluster
+  nodewarm package --upload-to s3://cache-bucket/nodewarm/            # the artifact nodes fetch
+  nodewarm controller                                                  # in the cluster
   nodewarm demo                                                        # everything, locally, no AWS
 """
 

@@ -1,0 +1,128 @@
+"""The bootstrap DaemonSet for Bottlerocket / Auto Mode: its shape, and the real apiserver accepting it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nodewarm.userdata.daemonset import NAME, manifests
+from nodewarm.userdata.errors import UserDataInvalid
+from nodewarm.userdata.launch import BootstrapLaunch
+
+READINESS_TAINT = "readiness.k8s.io/model-cache-warm"
+
+
+def launch() -> BootstrapLaunch:
+    return BootstrapLaunch(
+        profile="llama-8b", model_uri="s3://models/llama-3.1-8b/", dest_dir="/mnt/.ephemeral/nodewarm/llama",
+        compile_cache_uri="s3://cache-bucket/compile/", mode="automode", cache_mount="/mnt/.ephemeral",
+        region="us-west-2", nodewarm_version="0.1.0",
+    )
+
+
+def render(**overrides) -> list[dict]:
+    kwargs = dict(nodepool="gpu-a", image="nodewarm:0.1.0", readiness_taint_key=READINESS_TAINT,
+                  namespace="nodewarm-system")
+    return manifests(launch(), **{**kwargs, **overrides})
+
+
+def daemonset(docs: list[dict]) -> dict:
+    return next(d for d in docs if d["kind"] == "DaemonSet")
+
+
+def test_objects_in_apply_order():
+    assert [d["kind"] for d in render()] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
+
+
+def test_selected_by_nodepool_and_tolerating_only_readiness_and_gpu_taints():
+    pod = daemonset(render())["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-a", "kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": READINESS_TAINT, "operator": "Exists"},
+                                  {"key": "nvidia.com/gpu", "operator": "Exists"}]
+    # A key-less Exists toleration would tolerate every taint.
+    assert all(t.get("key") for t in pod["tolerations"])
+
+
+def test_warms_in_a_privileged_init_container_on_the_nvme_hostpath():
+    pod = daemonset(render())["spec"]["template"]["spec"]
+    [warm] = pod["initContainers"]
+    assert warm["command"] == ["nodewarm"] and warm["args"] == launch().bootstrap_argv()
+    assert warm["securityContext"] == {"privileged": True}
+    assert warm["volumeMounts"] == [{"name": "nvme", "mountPath": "/mnt/.ephemeral",
+                                     "mountPropagation": "HostToContainer"}]
+    assert pod["volumes"] == [{"name": "nvme", "hostPath": {"path": "/mnt/.ephemeral", "type": "Directory"}}]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in warm["env"]
+    [idle] = pod["containers"]
+    assert "volumeMounts" not in idle and "securityContext" not in idle
+
+
+def _handles_sigterm(pid: int) -> bool:
+    caught = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_idle_container_stops_on_sigterm():
+    [idle] = daemonset(render())["spec"]["template"]["spec"]["containers"]
+    assert idle["command"][0] == "python3"
+    proc = subprocess.Popen([sys.executable, *idle["command"][1:]])
+    try:
+        for _ in range(600):                            # until the handler is installed (or it died)
+            if proc.poll() is not None or _handles_sigterm(proc.pid):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the idle container exited on its own"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0               # PID 1 in the pod: SIGTERM must end it
+    finally:
+        proc.kill()
+
+
+def test_rbac_reports_status_but_cannot_touch_taints():
+    role = next(d for d in render() if d["kind"] == "ClusterRole")
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {("nodes", "get"), ("nodes/status", "patch")}
+
+
+def test_service_account_annotations_for_irsa():
+    sa = render(service_account_annotations={"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"})[0]
+    assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}
+
+
+@pytest.mark.parametrize("pool", ["GPU", "a_b", "x" * 60, ""])
+def test_nodepool_names_that_cannot_name_the_daemonset_are_refused(pool):
+    with pytest.raises(UserDataInvalid, match="NodePool name"):
+        render(nodepool=pool)
+
+
+@pytest.mark.kube
+def test_the_apiserver_accepts_it_and_rbac_holds(kube):
+    from kubernetes import client, utils
+    from kubernetes.client.rest import ApiException
+
+    admin = kube.api_client()
+    core = client.CoreV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="nodewarm-ds-test")))
+    docs = render(namespace="nodewarm-ds-test", nodepool="gpu-ds-test")
+    for doc in docs:
+        utils.create_from_dict(admin, doc)
+    stored = client.AppsV1Api(admin).read_namespaced_daemon_set("nodewarm-bootstrap-gpu-ds-test", "nodewarm-ds-test")
+    assert stored.spec.template.spec.init_containers[0].security_context.privileged is True
+    assert stored.spec.template.spec.volumes[0].host_path.type == "Directory"
+
+    node_name = "nodewarm-ds-test-node"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_name), spec=client.V1NodeSpec(
+        taints=[client.V1Taint(key=READINESS_TAINT, effect="NoSchedule")])))
+    as_pod = client.CoreV1Api(kube.api_client(kube.service_account_token("nodewarm-ds-test", NAME)))
+    condition = {"status": {"conditions": [{"type": "example.com/ModelCacheWarm", "status": "True",
+                                            "reason": "Warm", "message": "test"}]}}
+    as_pod.patch_node_status(node_name, condition)
+    conditions = as_pod.read_node(node_name).status.conditions
+    assert [(c.type, c.status) for c in conditions] == [("example.com/ModelCacheWarm", "True")]
+    with pytest.raises(ApiException) as denied:
+        as_pod.patch_node(node_name, {"spec": {"taints": []}})
+    assert denied.value.status == 403
+    assert core.read_node(node_name).spec.taints[0].key == READINESS_TAINT

@@ -1,0 +1,116 @@
+"""The rendered nodewarm-launch script, run for real: download from S3, refuse a wrong sha256, run, cache."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from nodewarm.userdata.al2023 import render_script
+from nodewarm.userdata.launch import BootstrapLaunch
+
+BUCKET = "nodewarm-launch-test"
+
+
+def launch_script(uri: str, sha256: str) -> str:
+    launch = BootstrapLaunch(
+        artifact_uri=uri, artifact_sha256=sha256, profile="p", model_uri="s3://models/m/",
+        dest_dir="/mnt/k8s-disks/0/m", mode="karpenter", cache_mount="/mnt/k8s-disks/0", region="us-east-1",
+        nodewarm_version="0.1.0",
+    )
+    script = render_script(launch)
+    match = re.search(r"^cat > /opt/nodewarm/bin/nodewarm-launch <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$",
+                      script, re.S | re.M)
+    return match.group(1) + "\n"
+
+
+def tiny_artifact() -> bytes:
+    """A stand-in artifact whose bin/nodewarm echoes its arguments."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        body = b'#!/bin/sh\necho "ran: $*"\n'
+        info = tarfile.TarInfo("bin/nodewarm")
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+@pytest.fixture
+def aws_path(tmp_path) -> str:
+    """PATH with an `aws` command: the real AWS CLI where installed, else a boto3 stand-in for `s3 cp`
+    (the download still goes to the real local S3 server)."""
+    path = os.environ["PATH"]
+    if shutil.which("aws"):
+        return path
+    stand_in = tmp_path / "aws-bin" / "aws"
+    stand_in.parent.mkdir()
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, boto3\n"
+        "args = [a for a in sys.argv[1:] if a != '--only-show-errors']\n"
+        "assert args[:2] == ['s3', 'cp'], args\n"
+        "bucket, key = args[2].removeprefix('s3://').split('/', 1)\n"
+        "boto3.client('s3').download_file(bucket, key, args[3])\n"
+    )
+    stand_in.chmod(0o755)
+    return f"{stand_in.parent}:{path}"
+
+
+@pytest.fixture
+def bucket(s3):
+    client = s3.client()
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        s3.create_bucket(BUCKET)
+    return client
+
+
+def run_launch(tmp_path: Path, s3, aws_path: str, uri: str, sha256: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "nodewarm-launch"
+    script.write_text(launch_script(uri, sha256))
+    env = {**os.environ, **s3.env(), "PATH": aws_path, "NODEWARM_ROOT": str(tmp_path / "opt"),
+           "NODEWARM_ARTIFACT_URI": uri, "NODEWARM_ARTIFACT_SHA256": sha256}
+    return subprocess.run(["bash", str(script), "bootstrap", "run", "--profile", "p"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.s3
+def test_a_wrong_sha256_is_refused_and_nothing_runs(tmp_path, s3, bucket, aws_path):
+    blob = tiny_artifact()
+    bucket.put_object(Bucket=BUCKET, Key="wrong/artifact.tar.gz", Body=blob)
+    pinned = hashlib.sha256(blob + b"tampered").hexdigest()
+    run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/wrong/artifact.tar.gz", pinned)
+    assert run.returncode == 3, run.stderr
+    assert "refusing" in run.stderr and hashlib.sha256(blob).hexdigest() in run.stderr and pinned in run.stderr
+    assert "ran:" not in run.stdout
+    assert os.listdir(tmp_path / "opt" / "artifacts") == []      # nothing unpacked, no partial download left
+
+
+@pytest.mark.s3
+def test_the_pinned_artifact_runs_and_is_not_fetched_again(tmp_path, s3, bucket, aws_path):
+    blob = tiny_artifact()
+    sha = hashlib.sha256(blob).hexdigest()
+    uri = f"s3://{BUCKET}/right/artifact.tar.gz"
+    bucket.put_object(Bucket=BUCKET, Key="right/artifact.tar.gz", Body=blob)
+    first = run_launch(tmp_path, s3, aws_path, uri, sha)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "ran: bootstrap run --profile p\n"
+    # A restart of the unit reuses the unpacked artifact: gone from S3, it still runs.
+    bucket.delete_object(Bucket=BUCKET, Key="right/artifact.tar.gz")
+    second = run_launch(tmp_path, s3, aws_path, uri, sha)
+    assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
+    assert os.listdir(tmp_path / "opt" / "artifacts") == [sha]
+
+
+@pytest.mark.s3
+def test_a_missing_artifact_fails_with_a_retryable_status(tmp_path, s3, bucket, aws_path):
+    run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
+    assert run.returncode not in (0, 2, 3), run      # 2 and 3 stop the unit's restarts
+    assert os.listdir(tmp_path / "opt" / "artifacts") == []

@@ -1,0 +1,200 @@
+"""`nodewarm package`: the artifact AL2023 nodes fetch — nodewarm and its dependencies, runnable by one tar.
+
+Layout: ``bin/nodewarm`` (runs ``python3.X -I -S`` with ``site/`` first on sys.path), ``site/`` (nodewarm
+and every distribution it requires, exactly as installed here) and ``manifest.json``. It is taken from
+this environment rather than resolved anew so the node runs the versions that were tested; compiled
+extensions (cryptography, zstandard, ...) make it specific to this Python minor version and CPU
+architecture, both of which the launcher checks on the node. The tar.gz is reproducible: same environment,
+same bytes, same sha256 — the sha256 the user data pins.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import metadata, resources
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from nodewarm import logs
+from .errors import PackageError
+
+log = logs.get("userdata.package")
+
+# Not part of a wheel built from a checkout: version control, virtual environments, build output, caches.
+_SOURCE_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
+                                        ".pytest_cache", "out", "results", "node_modules")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    sha256: str
+    size: int
+    python: str
+    arch: str
+    distributions: dict[str, str]
+
+
+def requirement_closure(root: str, extras: Iterable[str], requires_of: Callable[[str], list[str] | None]) -> list[str]:
+    """Canonical names of ``root`` and everything it needs (with ``extras``), in first-seen order.
+
+    ``requires_of(name)`` gives a distribution's Requires-Dist lines, or None when it is not installed.
+    Markers are evaluated for this interpreter, each with the extras it was asked for.
+    """
+    order: list[str] = []
+    pending = [(canonicalize_name(root), frozenset(extras), root)]
+    while pending:
+        name, wanted, asked_by = pending.pop(0)
+        if name in order:
+            continue
+        requires = requires_of(name)
+        if requires is None:
+            raise PackageError(f"{name} (required by {asked_by}) is not installed in this Python; install "
+                               f"nodewarm with its dependencies (pip install nodewarm) and package again")
+        order.append(name)
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (wanted or {""})):
+                pending.append((canonicalize_name(req.name), frozenset(req.extras), name))
+    return order
+
+
+def artifact_name(version: str, python: str, arch: str, sha256: str) -> str:
+    """Content-addressed: a new build never overwrites an object that running nodes may be fetching."""
+    return f"nodewarm-{version}-py{python.replace('.', '')}-{arch}-{sha256[:12]}.tar.gz"
+
+
+def launcher(python: str, arch: str) -> str:
+    text = resources.files(__package__).joinpath("artifact-launcher.sh.tmpl").read_text()
+    return text.replace("@@PYTHON@@", python).replace("@@ARCH@@", arch)
+
+
+def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
+    """Write the artifact into ``output_dir`` and return where it is and its sha256."""
+    names = requirement_closure("nodewarm", extras, _installed_requires)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with tempfile.TemporaryDirectory(prefix="nodewarm-package-") as tmp:
+        files: dict[str, Path] = {}
+        versions: dict[str, str] = {}
+        for name in names:
+            dist = metadata.distribution(name)
+            versions[dist.metadata["Name"]] = dist.version
+            found = _wheel_files(dist, Path(tmp)) if _editable(dist) else _installed_files(dist)
+            files.update({f"site/{rel}": path for rel, path in found.items()})
+        pth = sorted(a for a in files if a.endswith(".pth"))
+        if pth:
+            raise PackageError(f"{', '.join(pth)}: .pth files do not run under the node's `python -S`; package "
+                               "from an environment without the distributions that ship them")
+        arch = platform.machine() if any(a.endswith(".so") for a in files) else "any"
+        manifest = {"name": "nodewarm", "version": versions["nodewarm"], "python": python, "arch": arch,
+                    "distributions": dict(sorted(versions.items()))}
+        extra = {"bin/nodewarm": (launcher(python, arch).encode(), 0o755),
+                 "manifest.json": (json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n", 0o644)}
+        output_dir.mkdir(parents=True, exist_ok=True)
+        partial = output_dir / ".nodewarm-artifact.partial"
+        _write_tar(partial, files, extra)
+        sha = _sha256(partial)
+        final = output_dir / artifact_name(versions["nodewarm"], python, arch, sha)
+        partial.replace(final)
+    log.info("package.built", path=str(final), sha256=sha, distributions=len(versions), arch=arch, python=python)
+    return Artifact(path=final, sha256=sha, size=final.stat().st_size, python=python, arch=arch,
+                    distributions=manifest["distributions"])
+
+
+def _installed_requires(name: str) -> list[str] | None:
+    try:
+        return metadata.distribution(name).requires or []
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _editable(dist: metadata.Distribution) -> bool:
+    direct = dist.read_text("direct_url.json")
+    return bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
+
+
+def _installed_files(dist: metadata.Distribution) -> dict[str, Path]:
+    """The distribution's files under its site-packages (scripts in bin/ and caches are left out)."""
+    if dist.files is None:
+        raise PackageError(f"{dist.metadata['Name']} has no RECORD of its files; reinstall it with pip")
+    site = Path(dist.locate_file("")).resolve()
+    found = {}
+    for entry in dist.files:
+        path = Path(dist.locate_file(entry)).resolve()
+        if "__pycache__" in entry.parts or entry.suffix == ".pyc" or not path.is_relative_to(site):
+            continue
+        found[path.relative_to(site).as_posix()] = path
+    return found
+
+
+def _wheel_files(dist: metadata.Distribution, tmp: Path) -> dict[str, Path]:
+    """An editable install points at a checkout: build the wheel pip would install and take its files."""
+    source = Path(json.loads(dist.read_text("direct_url.json"))["url"].removeprefix("file://"))
+    # Built from a copy so the checkout gets no build/ directory and concurrent builds cannot collide.
+    tree = tmp / "source"
+    shutil.copytree(source, tree, ignore=_SOURCE_IGNORE)
+    wheels = tmp / "wheel"
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "--wheel-dir", str(wheels), str(tree)],
+        capture_output=True, text=True,
+    )
+    if run.returncode != 0:
+        raise PackageError(f"building the nodewarm wheel from {source} failed: {run.stderr.strip()[-2000:]}")
+    unpacked = tmp / "unpacked"
+    shutil.unpack_archive(next(wheels.glob("*.whl")), unpacked, format="zip")
+    return {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*") if p.is_file()}
+
+
+def _write_tar(path: Path, files: dict[str, Path], extra: dict[str, tuple[bytes, int]]) -> None:
+    """Sorted entries, zero mtimes, root owner, normalised modes, no name in the gzip header: reproducible."""
+    members = sorted({**files, **extra}.items(), key=lambda member: member[0])
+    dirs = sorted({p for a, _ in members for p in _parents(a)})
+    with open(path, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for d in dirs:
+            tar.addfile(_info(d, tarfile.DIRTYPE, 0o755, 0))
+        for arcname, source in members:
+            if isinstance(source, Path):
+                mode = 0o755 if os.access(source, os.X_OK) else 0o644
+                with open(source, "rb") as f:
+                    tar.addfile(_info(arcname, tarfile.REGTYPE, mode, source.stat().st_size), f)
+            else:
+                blob, mode = source
+                tar.addfile(_info(arcname, tarfile.REGTYPE, mode, len(blob)), io.BytesIO(blob))
+
+
+def _parents(arcname: str) -> list[str]:
+    parts = arcname.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _info(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size, info.mtime = kind, mode, size, 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
