@@ -1,0 +1,73 @@
+"""The node agent's report to the cluster, sent with the node's *own* identity (kubelet credentials).
+
+NodeRestriction lets a node set its own status conditions and annotations but never change its taints,
+so the node reports ``nodewarm.io/Warm`` here and the controller (with `patch nodes`) lifts the taint.
+
+Order matters: annotations (compile-cache outcome, timeline) first, the condition last. The controller
+acts on the condition, and by then the facts it copies into labels are already on the Node.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+WARM_CONDITION = "nodewarm.io/Warm"
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+
+log = logs.get("bootstrap.nodestatus")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _call(api_client, method: str, path: str, body=None, content_type: str | None = None) -> dict:
+    from kubernetes.client.exceptions import ApiException
+
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or "application/json"
+    m, url, hdrs, b, post = api_client.param_serialize(method, path, header_params=headers, body=body,
+                                                       auth_settings=["BearerToken"])
+    resp = api_client.call_api(m, url, hdrs, b, post, _request_timeout=15)
+    data = resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=data.decode(errors="replace"), data=None)
+    return json.loads(data) if data else {}
+
+
+def report_warm(api_client, node_name: str, status: bool, reason: str, message: str,
+                annotations: dict[str, str] | None = None) -> dict:
+    """Set annotations, then the ``nodewarm.io/Warm`` condition, on ``node_name``; returns the Node.
+
+    ``lastTransitionTime`` moves only when the status flips (so the controller's phase times mean
+    what they say); the heartbeat always moves. ``reason`` is CamelCase (e.g. WeightsVerified,
+    InsufficientNVMe). Raises NodewarmError (reason ``NodeStatusForbidden``) when the credentials are
+    not allowed to write this node — the usual cause being another node's identity."""
+    from kubernetes.client.exceptions import ApiException
+
+    path = f"/api/v1/nodes/{node_name}"
+    want = "True" if status else "False"
+    try:
+        node = _call(api_client, "GET", path)
+        if annotations:
+            node = _call(api_client, "PATCH", path, {"metadata": {"annotations": dict(annotations)}}, MERGE)
+        old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == WARM_CONDITION), None)
+        now = _now()
+        cond = {"type": WARM_CONDITION, "status": want, "reason": reason, "message": message[:32768],
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want else now}
+        # Strategic merge keys node conditions by type: the kubelet's Ready & co. are left alone.
+        node = _call(api_client, "PATCH", f"{path}/status", {"status": {"conditions": [cond]}}, STRATEGIC)
+    except ApiException as e:
+        if e.status in (401, 403):
+            raise NodewarmError(f"cannot report Warm on node {node_name}: {e.status} {e.reason}; the agent must use "
+                                "this node's own kubelet credentials (system:node:<name>)", "NodeStatusForbidden") from None
+        raise
+    log.info("warm.reported", node=node_name, status=want, reason=reason, annotations=sorted(annotations or {}))
+    return node

@@ -1,0 +1,444 @@
+"""The controller: informers -> work queue -> workers running the pure plans, one guarded write each.
+
+Run it in-process (demo, tests, bench)::
+
+    c = Controller(api_client, ControllerOptions(...))
+    c.run_until(stop_event)          # or c.start() ... c.stop()
+
+Keys in the queue are ``claim/<NodeClaim>`` and ``profile/<WarmProfile>``. Every replica lists and
+watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys.
+Deleting a WarmProfile stops gating its NodePool's new nodes but leaves the injected fields in place:
+removing userData/instanceStorePolicy would drift (replace) every node of the class.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+from nodewarm.profile import WarmProfile, from_dict
+
+from . import plan as planner
+from .events import EventRecorder
+from .inject import Injector
+from .kube import (
+    AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
+)
+from .leader import LeaderConfig, LeaderElector
+from .metrics import HttpEndpoints, Metrics, metrics_routes
+from .model import ClaimView, Condition, NodeView, fmt_time_s
+from .reflector import Reflector, wait_synced
+from .workqueue import WorkQueue
+
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    dry_run: bool = False
+    workers: int = 4
+    leader_elect: bool = False
+    lease_namespace: str = "nodewarm"
+    lease_name: str = "nodewarm-controller"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    metrics_port: int | None = None       # None: no endpoint; 0: any free port (tests)
+    health_port: int | None = None
+    bind_address: str = "0.0.0.0"
+    profiles: tuple[WarmProfile, ...] = ()   # from --profile files, in addition to WarmProfile objects
+    watch_profiles: bool = True
+    watch_timeout_s: int = 300
+    resync_s: float = 300.0
+    instance_source: str = "offline"
+    event_namespace: str = "default"
+
+
+@dataclass(frozen=True)
+class ProfileView:
+    """A WarmProfile object as cached: parsed, or the reason it could not be."""
+
+    name: str
+    resource_version: str
+    generation: int
+    profile: WarmProfile | None
+    error: str
+    conditions: tuple[dict, ...]
+
+    @classmethod
+    def from_obj(cls, o: dict) -> "ProfileView":
+        md = o["metadata"]
+        doc = {"apiVersion": o.get("apiVersion"), "kind": o.get("kind"), "spec": o.get("spec"),
+               "metadata": {k: v for k, v in md.items() if k in ("name", "labels", "annotations")}}
+        try:
+            p, err = from_dict(doc), ""
+        except NodewarmError as e:
+            p, err = None, e.one_line()
+        return cls(md["name"], md.get("resourceVersion", ""), md.get("generation", 0), p, err,
+                   tuple((o.get("status") or {}).get("conditions") or ()))
+
+
+def _generation_view(o: dict) -> tuple[str, int]:
+    # NodePools and NodeClasses matter only as "changed -> re-check the profiles bound to them".
+    return (o["metadata"]["name"], o["metadata"].get("generation", 0))
+
+
+class Controller:
+    def __init__(self, api_client: client.ApiClient, options: ControllerOptions | None = None):
+        self.opt = options or ControllerOptions()
+        self.kube = Kube(api_client)
+        self.metrics = Metrics()
+        self.kube.on_write = lambda res, verb: self.metrics.writes.labels(res, verb).inc()
+        self.queue = WorkQueue()
+        self.events = EventRecorder(self.kube, self.opt.event_namespace, instance=self.opt.identity)
+        self.injector = Injector(self.kube, self.opt.dry_run, self.opt.instance_source)
+        self.log = logs.get("controller")
+        self._lock = threading.Lock()
+        self._node_by_pid: dict[str, str] = {}
+        self._claim_by_pid: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._http: list[HttpEndpoints] = []
+        self.is_leader = threading.Event()
+        # (claim, action) in order, the latest few thousand: what tests and the demo read.
+        self.decisions: deque[tuple[str, str]] = deque(maxlen=10000)
+
+        w = self.opt.watch_timeout_s
+        self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w)
+        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w)
+        self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w)
+        self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w)
+        self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w)
+        self.reflectors = [self.claims, self.nodes, self.nodepools, self.ec2nodeclasses, self.automode_nodeclasses]
+        self.profiles: Reflector | None = None
+        if self.opt.watch_profiles:
+            self.profiles = Reflector(self.kube, WARMPROFILES, ProfileView.from_obj, self._on_profile, w)
+            self.reflectors.append(self.profiles)
+        self.elector = None
+        if self.opt.leader_elect:
+            self.elector = LeaderElector(self.kube, LeaderConfig(
+                self.opt.lease_namespace, self.opt.lease_name, self.opt.identity, self.opt.lease_duration_s,
+                self.opt.renew_deadline_s, self.opt.retry_period_s), self._became_leader, self._lost_leadership)
+
+    # -- profiles ------------------------------------------------------------------------------------
+    def all_profiles(self) -> list[WarmProfile]:
+        """Static (--profile) first, then WarmProfile objects; the first to claim a NodePool wins."""
+        out = list(self.opt.profiles)
+        if self.profiles is not None:
+            out += [v.profile for _, v in sorted(self.profiles.store.items()) if v.profile is not None]
+        return out
+
+    def profile_for_pool(self, pool: str) -> WarmProfile | None:
+        for p in self.all_profiles():
+            if p.nodes.node_pool == pool:
+                return p
+        return None
+
+    # -- informer handlers (cheap: index and enqueue) --------------------------------------------------
+    def _on_claim(self, kind: str, old: ClaimView | None, new: ClaimView | None) -> None:
+        with self._lock:
+            if old is not None and old.provider_id and self._claim_by_pid.get(old.provider_id) == old.name:
+                del self._claim_by_pid[old.provider_id]
+            if kind != "DELETED" and new is not None and new.provider_id:
+                self._claim_by_pid[new.provider_id] = new.name
+        name = (new or old).name
+        if kind == "DELETED":
+            self.queue.forget(f"claim/{name}")
+            self.log.info("nodeclaim.deleted", nodeclaim=name)
+            return
+        self.queue.add(f"claim/{name}")
+
+    def _on_node(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
+        pid = (new or old).provider_id
+        with self._lock:
+            if old is not None and old.provider_id and self._node_by_pid.get(old.provider_id) == old.name:
+                del self._node_by_pid[old.provider_id]
+            if kind != "DELETED" and new is not None and new.provider_id:
+                self._node_by_pid[new.provider_id] = new.name
+            claim = self._claim_by_pid.get(pid) if pid else None
+        if kind == "DELETED" and claim:
+            # Nothing to undo: the record lived on the Node. The NodeClaim is Karpenter's to clean up.
+            self.log.info("node.deleted", node=(old or new).name, nodeclaim=claim)
+        if claim:
+            self.queue.add(f"claim/{claim}")
+
+    def _on_target(self, kind: str, old, new) -> None:
+        name = (new or old)[0]
+        for p in self.all_profiles():
+            if name in (p.nodes.node_pool, p.nodes.node_class):
+                self.queue.add(f"profile/{p.name}")
+
+    def _on_profile(self, kind: str, old: ProfileView | None, new: ProfileView | None) -> None:
+        v = new or old
+        if kind != "DELETED":
+            self.queue.add(f"profile/{v.name}")
+        pools = {x.profile.nodes.node_pool for x in (old, new) if x is not None and x.profile is not None}
+        self._enqueue_claims(lambda c: c.nodepool in pools)
+
+    def _enqueue_claims(self, pred=lambda c: True) -> None:
+        for name, c in list(self.claims.store.items()):
+            if pred(c):
+                self.queue.add(f"claim/{name}")
+
+    def _enqueue_all(self) -> None:
+        for p in self.all_profiles():
+            self.queue.add(f"profile/{p.name}")
+        self._enqueue_claims()
+
+    # -- leadership ------------------------------------------------------------------------------------
+    def _became_leader(self) -> None:
+        self.is_leader.set()
+        self.metrics.leader.set(1)
+        self._enqueue_all()
+
+    def _lost_leadership(self) -> None:
+        self.is_leader.clear()
+        self.metrics.leader.set(0)
+
+    # -- workers ---------------------------------------------------------------------------------------
+    def _worker(self) -> None:
+        while not self._stop.is_set():
+            key = self.queue.get(timeout_s=0.5)
+            if key is None:
+                continue
+            try:
+                if not self.is_leader.is_set():
+                    continue     # a new leader re-enqueues everything; nothing is lost by dropping it here
+                kind, name = key.split("/", 1)
+                if kind == "claim":
+                    self.reconcile_claim(name)
+                else:
+                    self.reconcile_profile(name)
+                self.queue.forget(key)
+            except Exception as e:
+                self.metrics.reconcile_errors.labels(key.split("/", 1)[0]).inc()
+                delay = self.queue.retry(key)
+                self.log.warning("reconcile.failed", key=key, error=str(e)[:300], retry_in_s=round(delay, 3))
+            finally:
+                self.queue.done(key)
+                self.metrics.queue_depth.set(len(self.queue))
+
+    def _node_for(self, claim: ClaimView) -> NodeView | None:
+        with self._lock:
+            node_name = self._node_by_pid.get(claim.provider_id) if claim.provider_id else None
+        return self.nodes.store.get(node_name) if node_name else None
+
+    def reconcile_claim(self, name: str) -> planner.Plan | None:
+        claim = self.claims.store.get(name)
+        if claim is None:
+            return None
+        p = self.profile_for_pool(claim.nodepool)
+        node = self._node_for(claim)
+        for _ in range(MAX_CONFLICT_RETRIES):
+            plan = planner.plan_claim(claim, node, p, time.time())
+            if plan.action == planner.NONE:
+                if plan.requeue_after is not None:
+                    self.queue.add_after(f"claim/{name}", plan.requeue_after + 0.05)
+                return plan
+            if self.opt.dry_run:
+                self.log.info("decision.would", nodeclaim=name, node=node.name if node else None, action=plan.action,
+                              reasons=[c.reason for c in plan.conditions])
+                return plan
+            try:
+                self._execute(plan, claim, node)
+                return plan
+            except ApiException as e:
+                if e.status == 404:
+                    self.log.info("decision.target_gone", nodeclaim=name, action=plan.action)
+                    return None
+                if e.status not in (409, 422) or node is None:
+                    raise
+                # The node changed under us (taint list moved, or a conflict): re-read, re-plan, retry.
+                self.metrics.conflicts.labels("nodes").inc()
+                self.log.info("decision.conflict", nodeclaim=name, node=node.name, status=e.status)
+                node = NodeView.from_obj(self.kube.get(NODES, node.name))
+        raise RuntimeError(f"node for NodeClaim {name} kept changing; giving up after {MAX_CONFLICT_RETRIES} tries")
+
+    def _execute(self, plan: planner.Plan, claim: ClaimView, node: NodeView | None) -> None:
+        if plan.action == planner.DELETE_CLAIM:
+            try:
+                self.kube.delete(NODECLAIMS, claim.name, uid=claim.uid)
+            except ApiException as e:
+                if e.status not in (404, 409):   # gone already / a different NodeClaim of that name now
+                    raise
+                return
+        else:
+            after = self.kube.json_patch(NODES, node.name, list(plan.node_ops))
+            # Feed our own write into the cache so a re-queue before the watch event sees the record.
+            self.nodes.store[node.name] = NodeView.from_obj(after)
+        self.metrics.observe(claim.nodepool, plan.counters, plan.durations)
+        with self._lock:
+            self.decisions.append((claim.name, plan.action))
+        node_ev = next((e for e in plan.events if e.kind == "Node"), None)
+        claim_ev = next((e for e in plan.events if e.kind == "NodeClaim"), None)
+        for ev in plan.events:
+            self.events.emit(ev, claim_ev if ev is node_ev else node_ev)
+        self.log.info("decision", nodeclaim=claim.name, node=node.name if node else None, action=plan.action,
+                      nodepool=claim.nodepool, reasons={c.type: c.reason for c in plan.conditions},
+                      durations={k: round(v, 3) for k, v in plan.durations})
+
+    def reconcile_profile(self, name: str):
+        static = {p.name: p for p in self.opt.profiles}
+        view = self.profiles.store.get(name) if self.profiles is not None else None
+        p = static.get(name) or (view.profile if view else None)
+        if p is None:
+            if view is not None and view.error:
+                self._set_profile_condition(view, Condition("Injected", "False", "InvalidProfile", view.error))
+            return None
+        owner = self.profile_for_pool(p.nodes.node_pool)
+        if owner is not None and owner.name != p.name:
+            cond = Condition("Injected", "False", "NodePoolTaken",
+                             f"NodePool {p.nodes.node_pool} is already bound to WarmProfile {owner.name}")
+            self._set_profile_condition(view, cond)
+            return None
+        result = self.injector.reconcile(p)
+        for t in result.targets:
+            if t.applied:
+                self.metrics.injections.labels(t.kind, "applied").inc()
+                self.events.emit(planner.EventSpec(t.kind, t.name, "", "NodewarmInjected",
+                                                   f"WarmProfile {p.name} applied {', '.join(t.changed_fields)}"))
+            elif t.changed_fields:
+                self.metrics.injections.labels(t.kind, "audit").inc()
+            else:
+                self.metrics.injections.labels(t.kind, "uptodate").inc()
+        self.log.info("inject", profile=p.name, reason=result.condition.reason, message=result.condition.message)
+        self._set_profile_condition(view, result.condition)
+        return result
+
+    def _set_profile_condition(self, view: ProfileView | None, cond: Condition) -> None:
+        """WarmProfile status is ours (our CRD): one condition per phase, written only when it changes,
+        with the object's resourceVersion so a concurrent writer makes us re-read instead of clobbering."""
+        if view is None or self.opt.dry_run:
+            return
+        old = next((c for c in view.conditions if c.get("type") == cond.type), None)
+        if old and (old.get("status"), old.get("reason"), old.get("message")) == (cond.status, cond.reason, cond.message):
+            return
+        now = fmt_time_s(time.time())
+        new = {"type": cond.type, "status": cond.status, "reason": cond.reason, "message": cond.message[:4096],
+               "lastTransitionTime": old.get("lastTransitionTime", now) if old and old.get("status") == cond.status else now,
+               "observedGeneration": view.generation}
+        conds = [c for c in view.conditions if c.get("type") != cond.type] + [new]
+        self.kube.merge_patch(WARMPROFILES, view.name, {"metadata": {"resourceVersion": view.resource_version},
+                                                        "status": {"conditions": conds}}, sub="status")
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return not self._stop.is_set() and all(r.alive() for r in self.reflectors) and \
+            all(t.is_alive() for t in self._threads) and (self.elector is None or self.elector.alive())
+
+    def ready(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def start(self) -> "Controller":
+        self.log.info("controller.start", identity=self.opt.identity, dry_run=self.opt.dry_run,
+                      leader_elect=self.opt.leader_elect, workers=self.opt.workers, pid=os.getpid())
+        self.events.start()
+        for r in self.reflectors:
+            r.start()
+        if self.opt.health_port is not None:
+            self._http.append(HttpEndpoints(self.opt.health_port, {
+                "/healthz": lambda: (200, "text/plain", b"ok\n") if self.healthy() else (500, "text/plain", b"unhealthy\n"),
+                "/readyz": lambda: (200, "text/plain", b"ok\n") if self.ready() else (503, "text/plain", b"caches not synced\n"),
+            }, self.opt.bind_address).start())
+        if self.opt.metrics_port is not None:
+            self._http.append(HttpEndpoints(self.opt.metrics_port, metrics_routes(self.metrics), self.opt.bind_address).start())
+        if self._http:
+            self.log.info("controller.listening", health_port=self.health_port, metrics_port=self.metrics_port)
+        for i in range(self.opt.workers):
+            t = threading.Thread(target=self._worker, name=f"worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._run_after_sync, name="starter", daemon=True)
+        t.start()
+        return self
+
+    def _run_after_sync(self) -> None:
+        # Acting before the caches are full would mistake "not listed yet" for "absent".
+        while not self._stop.is_set() and not wait_synced(self.reflectors, 1.0):
+            pass
+        if self._stop.is_set():
+            return
+        self.log.info("caches.synced", nodeclaims=len(self.claims.store), nodes=len(self.nodes.store))
+        if self.elector is not None:
+            self.elector.start()
+        else:
+            self._became_leader()
+        while not self._stop.wait(self.opt.resync_s):
+            if self.is_leader.is_set():
+                self._enqueue_all()
+
+    @property
+    def health_port(self) -> int | None:
+        return self._http[0].port if self.opt.health_port is not None else None
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._http[-1].port if self.opt.metrics_port is not None else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.elector is not None:
+            self.elector.stop()
+        self.queue.shutdown()
+        for r in self.reflectors:
+            r.stop()
+        for t in self._threads:
+            t.join(5)
+        self.events.stop()
+        for h in self._http:
+            h.stop()
+        for r in self.reflectors:
+            r.join(2)
+        self.log.info("controller.stop", identity=self.opt.identity)
+
+    def run_until(self, stop: threading.Event) -> None:
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()
+
+    def run_once(self, sync_timeout_s: float = 60) -> dict:
+        """One pass over everything, synchronously (``--once``; with ``dry_run`` it is an audit)."""
+        self.events.start()
+        for r in self.reflectors:
+            r.start()
+        try:
+            if not wait_synced(self.reflectors, sync_timeout_s):
+                raise NodewarmError(f"caches did not sync within {sync_timeout_s:.0f}s; check the API server "
+                                    "and the credentials' list/watch permissions", "CacheSyncTimeout")
+            self.is_leader.set()
+            out: dict = {"dryRun": self.opt.dry_run, "profiles": {}, "nodeClaims": {}}
+            for p in self.all_profiles():
+                r = self.reconcile_profile(p.name)
+                if r is not None:
+                    out["profiles"][p.name] = {
+                        "condition": r.condition.to_dict(),
+                        "targets": [{"kind": t.kind, "name": t.name, "changedFields": list(t.changed_fields),
+                                     "applied": t.applied} for t in r.targets]}
+            for name in sorted(self.claims.store):
+                plan = self.reconcile_claim(name)
+                if plan is not None and plan.conditions:
+                    out["nodeClaims"][name] = {"action": plan.action,
+                                               "conditions": [c.to_dict() for c in plan.conditions]}
+            return out
+        finally:
+            self._stop.set()
+            for r in self.reflectors:
+                r.stop()
+            self.events.stop()
+
+    def wait_synced(self, timeout_s: float = 30) -> bool:
+        return wait_synced(self.reflectors, timeout_s)
+

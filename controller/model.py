@@ -1,0 +1,186 @@
+"""What the controller observes, as small typed views, and the state it records in the cluster.
+
+Where per-NodeClaim state lives, and why: NodeClaim ``status`` belongs to Karpenter (its status writer
+would overwrite our conditions), so the controller records its state in one annotation on the *Node*,
+``nodewarm.io/state`` (JSON: times, decision, conditions). The annotation is written in the same JSON
+patch that removes the taint, so the decision and its record are atomic: a controller killed at any
+point either sees the taint still there (and no record: nothing was done) or the record (done; do
+nothing again). Before a decision nothing needs persisting: launched/registered come from the
+NodeClaim's own conditions and warm from the Node's condition, so a restarted controller re-derives
+them from the cluster. The ``replace`` decision needs no record: the NodeClaim's deletionTimestamp is it.
+
+Views keep only the fields the controller reads, so the informer caches of a 1000-node cluster stay small.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+WARM_CONDITION = "nodewarm.io/Warm"
+STATE_ANNOTATION = "nodewarm.io/state"
+CACHE_ANNOTATION = "nodewarm.io/compile-cache"
+CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
+TIMELINE_ANNOTATION = "nodewarm.io/timeline"
+
+LABEL_PROFILE = "nodewarm.io/profile"
+LABEL_MODEL = "nodewarm.io/model"
+LABEL_CACHE = "nodewarm.io/compile-cache"
+LABEL_WARM = "nodewarm.io/warm"
+
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+
+
+def parse_time(s: str | None) -> float | None:
+    if not s:
+        return None
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def fmt_time(t: float | None) -> str | None:
+    """RFC3339 in UTC with milliseconds (the bench needs sub-second phase times)."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def fmt_time_s(t: float) -> str:
+    """Seconds precision: what metav1.Time fields (condition/event times) accept."""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_LABEL_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(s: str) -> str:
+    """Squeeze any string into a valid label value (<= 63 chars, alnum at both ends)."""
+    v = _LABEL_BAD.sub("-", s)[:63]
+    return v.strip("-_.")
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str                     # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+    last_transition: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message,
+                "lastTransitionTime": fmt_time(self.last_transition)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Condition":
+        return cls(d.get("type", ""), d.get("status", "Unknown"), d.get("reason", ""), d.get("message", ""),
+                   parse_time(d.get("lastTransitionTime")))
+
+
+def _condition(obj: dict, ctype: str) -> Condition | None:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == ctype:
+            return Condition.from_dict(c)
+    return None
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    name: str
+    uid: str
+    nodepool: str
+    provider_id: str
+    created: float
+    deleting: bool
+    launched: float | None          # Launched=True lastTransitionTime
+    registered: float | None        # Registered=True lastTransitionTime
+    startup_taint_keys: tuple[str, ...]
+
+    @classmethod
+    def from_obj(cls, o: dict) -> "ClaimView":
+        md, spec, status = o["metadata"], o.get("spec") or {}, o.get("status") or {}
+
+        def true_at(t: str) -> float | None:
+            c = _condition(o, t)
+            return c.last_transition if c and c.status == "True" else None
+
+        return cls(
+            name=md["name"], uid=md.get("uid", ""), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
+            provider_id=status.get("providerID", ""), created=parse_time(md.get("creationTimestamp")) or 0.0,
+            deleting=bool(md.get("deletionTimestamp")), launched=true_at("Launched"), registered=true_at("Registered"),
+            startup_taint_keys=tuple(t.get("key", "") for t in spec.get("startupTaints") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    uid: str
+    provider_id: str
+    created: float
+    deleting: bool
+    labels: dict[str, str]
+    annotations: dict[str, str]     # only nodewarm.io/* (the rest is not ours to read)
+    any_annotations: bool           # whether metadata.annotations exists at all (JSON-patch paths need it)
+    taints: tuple[dict, ...]        # exactly as stored: the guarded patch tests them byte for byte
+    warm: Condition | None
+
+    @classmethod
+    def from_obj(cls, o: dict) -> "NodeView":
+        md, spec = o["metadata"], o.get("spec") or {}
+        ann = {k: v for k, v in (md.get("annotations") or {}).items() if k.startswith("nodewarm.io/")}
+        return cls(
+            name=md["name"], uid=md.get("uid", ""), provider_id=spec.get("providerID", ""),
+            created=parse_time(md.get("creationTimestamp")) or 0.0, deleting=bool(md.get("deletionTimestamp")),
+            labels=dict(md.get("labels") or {}), annotations=ann, any_annotations=bool(md.get("annotations")), taints=tuple(spec.get("taints") or ()),
+            warm=_condition(o, WARM_CONDITION),
+        )
+
+    def has_taint(self, key: str) -> bool:
+        return any(t.get("key") == key for t in self.taints)
+
+    @property
+    def state(self) -> "WarmState | None":
+        raw = self.annotations.get(STATE_ANNOTATION)
+        return WarmState.from_json(raw) if raw else None
+
+    @property
+    def timeline(self) -> dict[str, str]:
+        try:
+            v = json.loads(self.annotations.get(TIMELINE_ANNOTATION, "{}"))
+        except ValueError:
+            return {}
+        return v if isinstance(v, dict) else {}
+
+
+@dataclass(frozen=True)
+class WarmState:
+    """The record on the Node (annotation ``nodewarm.io/state``) of what the controller decided."""
+
+    profile: str
+    node_claim: str
+    decision: str                   # Untainted | DeadlineUntaint | DeadlineKeep
+    launched: str | None = None
+    registered: str | None = None
+    warm: str | None = None
+    decided: str | None = None
+    conditions: tuple[Condition, ...] = field(default=())
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["nodeClaim"] = d.pop("node_claim")
+        d["conditions"] = [c.to_dict() for c in self.conditions]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, s: str) -> "WarmState | None":
+        try:
+            d = json.loads(s)
+            return cls(profile=d["profile"], node_claim=d["nodeClaim"], decision=d["decision"],
+                       launched=d.get("launched"), registered=d.get("registered"), warm=d.get("warm"),
+                       decided=d.get("decided"),
+                       conditions=tuple(Condition.from_dict(c) for c in d.get("conditions") or ()))
+        except (ValueError, KeyError, TypeError):
+            # A hand-edited or foreign value is not a record of ours: treat the node as undecided.
+            return None

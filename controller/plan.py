@@ -1,0 +1,210 @@
+"""Pure planning: from observed objects (and the clock) to what to do. No I/O here.
+
+One small reconciler per phase, Karpenter-style, each returning one condition with reason and message:
+
+  track     -> Tracked      (launched / registered / node found, from Karpenter's own conditions)
+  gate      -> Untainted    (the Node's nodewarm.io/Warm=True: remove the readiness taint, label the node)
+  deadline  -> WarmDeadline (readiness.deadline passed without Warm: untaint cold, replace, or keep)
+
+``plan_claim`` runs them in order and folds their results into one ``Plan``; the shell executes it
+with a single guarded write, so every decision is one atomic step (see model.py for why the record
+lives on the Node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from nodewarm.profile import WarmProfile
+
+from .model import (
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, LABEL_CACHE, LABEL_MODEL, LABEL_PROFILE, LABEL_WARM,
+    STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time,
+)
+
+UNTAINT = "untaint"
+DELETE_CLAIM = "delete_claim"
+RECORD = "record"
+NONE = "none"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    kind: str                       # Node | NodeClaim
+    name: str
+    uid: str
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+@dataclass(frozen=True)
+class Plan:
+    claim: str
+    action: str = NONE
+    conditions: tuple[Condition, ...] = ()
+    node_ops: tuple[dict, ...] = ()           # the JSON patch for UNTAINT / RECORD
+    events: tuple[EventSpec, ...] = ()
+    durations: tuple[tuple[str, float], ...] = ()   # (phase, seconds) to observe once the write succeeds
+    counters: tuple[tuple[str, str], ...] = ()      # (metric, label)
+    requeue_after: float | None = None
+
+
+def model_label(p: WarmProfile) -> str:
+    """The model's last path element (+ revision): what an operator recognises in `kubectl get nodes -L`."""
+    name = p.model.uri.rstrip("/").rsplit("/", 1)[-1]
+    return label_value(f"{name}-{p.model.revision}" if p.model.revision else name)
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def track(claim: ClaimView, node: NodeView | None) -> Condition:
+    if node is not None:
+        return Condition("Tracked", "True", "NodeFound", f"node {node.name} carries providerID {claim.provider_id}")
+    if claim.registered is not None:
+        return Condition("Tracked", "False", "NodeNotFound", f"NodeClaim is Registered but no Node has "
+                         f"providerID {claim.provider_id}; it was deleted or has not reached the cache yet")
+    if claim.launched is not None:
+        return Condition("Tracked", "False", "NotRegistered", "instance launched, node not registered yet")
+    return Condition("Tracked", "False", "NotLaunched", "waiting for Karpenter to launch the instance")
+
+
+def guarded_taint_removal(node: NodeView, taint_key: str) -> list[dict]:
+    """test-then-remove for every entry with ``taint_key``, highest index first so indexes stay valid.
+
+    The ``test`` makes the patch fail (422) if the taint list changed since we read it; the shell then
+    re-reads and re-plans. Other taints are never named, so they cannot be touched."""
+    ops: list[dict] = []
+    for i in reversed(range(len(node.taints))):
+        t = node.taints[i]
+        if t.get("key") == taint_key:
+            ops += [{"op": "test", "path": f"/spec/taints/{i}", "value": t},
+                    {"op": "remove", "path": f"/spec/taints/{i}"}]
+    return ops
+
+
+def _set_map_ops(present: bool, root: str, values: dict[str, str]) -> list[dict]:
+    """JSON-patch ``add`` for map entries; a missing map must be added whole (a pointer into it fails)."""
+    if not present:
+        return [{"op": "add", "path": root, "value": values}]
+    return [{"op": "add", "path": f"{root}/{_esc(k)}", "value": v} for k, v in values.items()]
+
+
+def _label_ops(node: NodeView, values: dict[str, str]) -> list[dict]:
+    return _set_map_ops(bool(node.labels), "/metadata/labels", values)
+
+
+def _state_ops(node: NodeView, state: WarmState) -> list[dict]:
+    return _set_map_ops(node.any_annotations, "/metadata/annotations", {STATE_ANNOTATION: state.to_json()})
+
+
+def phase_times(claim: ClaimView, node: NodeView) -> dict[str, float | None]:
+    """launched / registered from Karpenter's conditions; warm from the bootstrap's timeline (sub-second)
+    or, failing that, the Warm condition's transition time (whole seconds)."""
+    warm = None
+    if node.warm is not None and node.warm.status == "True":
+        warm = parse_time(node.timeline.get("warm")) or node.warm.last_transition
+    registered = claim.registered or node.created
+    return {"launched": claim.launched, "registered": registered, "warm": warm}
+
+
+def _durations(times: dict[str, float | None], done: float) -> tuple[tuple[str, float], ...]:
+    out = []
+    pairs = (("launch_to_register", "launched", "registered"), ("register_to_warm", "registered", "warm"))
+    for phase, a, b in pairs:
+        if times[a] is not None and times[b] is not None:
+            out.append((phase, max(0.0, times[b] - times[a])))
+    if times["warm"] is not None:
+        out.append(("warm_to_untaint", max(0.0, done - times["warm"])))
+    if times["launched"] is not None:
+        out.append(("launch_to_ready", max(0.0, done - times["launched"])))
+    return tuple(out)
+
+
+def gate(p: WarmProfile, node: NodeView) -> Condition:
+    w = node.warm
+    if w is None:
+        return Condition("Untainted", "False", "Warming", f"waiting for {p.readiness.taint_key} to be lifted: "
+                         "the node has not reported nodewarm.io/Warm yet")
+    if w.status == "True":
+        return Condition("Untainted", "True", "WarmConditionTrue", f"node reported Warm ({w.reason}: {w.message})")
+    return Condition("Untainted", "False", w.reason or "NotWarm", f"node reports Warm={w.status}: {w.message}")
+
+
+def deadline(p: WarmProfile, start: float, now: float) -> Condition:
+    left = start + p.readiness.deadline_s - now
+    if left > 0:
+        return Condition("WarmDeadline", "False", "WithinDeadline", f"{left:.0f}s left of {p.readiness.deadline}")
+    return Condition("WarmDeadline", "True", "DeadlineExceeded",
+                     f"not Warm {p.readiness.deadline} after registration; onDeadline={p.readiness.on_deadline}")
+
+
+def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, now: float) -> Plan:
+    if p is None or claim.deleting:
+        return Plan(claim.name)
+    tracked = track(claim, node)
+    if node is None or node.deleting:
+        return Plan(claim.name, conditions=(tracked,))
+    key = p.readiness.taint_key
+    if node.state is not None or not node.has_taint(key):
+        # Decided earlier (record present) or the taint is gone (someone else lifted it): nothing to do,
+        # and in particular no second event or metric after a restart.
+        return Plan(claim.name, conditions=(tracked,))
+
+    gated = gate(p, node)
+    times = phase_times(claim, node)
+    # Only the contract's values reach labels and metric labels (an odd annotation must not mint series).
+    cache = node.annotations.get(CACHE_ANNOTATION, "")
+    cache = cache if cache in ("hit", "miss", "cold") else "unknown"
+    claim_ev = lambda reason, msg, typ="Normal": EventSpec("NodeClaim", claim.name, claim.uid, reason, msg, typ)  # noqa: E731
+    node_ev = lambda reason, msg, typ="Normal": EventSpec("Node", node.name, node.uid, reason, msg, typ)  # noqa: E731
+
+    def record(decision: str, conds: tuple[Condition, ...]) -> WarmState:
+        conds = tuple(replace(c, last_transition=now) for c in conds)
+        return WarmState(profile=p.name, node_claim=claim.name, decision=decision,
+                         launched=fmt_time(times["launched"]), registered=fmt_time(times["registered"]),
+                         warm=fmt_time(times["warm"]), decided=fmt_time(now), conditions=conds)
+
+    if gated.status == "True":
+        conds = (tracked, gated)
+        state = record("Untainted", conds)
+        labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: cache,
+                  LABEL_WARM: "true"}
+        ops = guarded_taint_removal(node, key) + _label_ops(node, labels) + _state_ops(node, state)
+        why = node.annotations.get(CACHE_REASON_ANNOTATION, "")
+        msg = (f"removed {key}: node Warm ({node.warm.reason}); model {model_label(p)}, compile cache {cache}"
+               + (f" ({why})" if why else ""))
+        return Plan(claim.name, UNTAINT, conds, tuple(ops),
+                    (node_ev("Untainted", msg), claim_ev("Untainted", f"node {node.name}: {msg}")),
+                    _durations(times, now), (("taints_removed", ""), ("compile_cache", cache)))
+
+    start = claim.registered or node.created
+    dl = deadline(p, start, now)
+    conds = (tracked, gated, dl)
+    if dl.status != "True":
+        return Plan(claim.name, conditions=conds, requeue_after=start + p.readiness.deadline_s - now)
+
+    action = p.readiness.on_deadline
+    base = f"not Warm after {p.readiness.deadline} (last: {gated.reason}: {gated.message})"
+    if action == "replace":
+        msg = f"{base}; deleting NodeClaim {claim.name} so Karpenter launches a replacement"
+        return Plan(claim.name, DELETE_CLAIM, conds, (),
+                    (node_ev("WarmDeadlineReplace", msg, "Warning"), claim_ev("WarmDeadlineReplace", msg, "Warning")),
+                    (), (("deadline", "replace"),))
+    if action == "untaint":
+        state = record("DeadlineUntaint", conds)
+        labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: "cold",
+                  LABEL_WARM: "cold"}
+        ops = guarded_taint_removal(node, key) + _label_ops(node, labels) + _state_ops(node, state)
+        msg = f"{base}; removed {key} anyway, node labelled {LABEL_WARM}=cold (pods will load the model cold)"
+        return Plan(claim.name, UNTAINT, conds, tuple(ops),
+                    (node_ev("WarmDeadlineUntaint", msg, "Warning"), claim_ev("WarmDeadlineUntaint", msg, "Warning")),
+                    (), (("deadline", "untaint"),))
+    state = record("DeadlineKeep", conds)
+    ops = _state_ops(node, state)
+    msg = f"{base}; keeping {key} (onDeadline=keep): the node stays unschedulable until someone acts"
+    return Plan(claim.name, RECORD, conds, tuple(ops),
+                (node_ev("WarmDeadlineKeep", msg, "Warning"), claim_ev("WarmDeadlineKeep", msg, "Warning")),
+                (), (("deadline", "keep"),))

@@ -1,0 +1,220 @@
+"""A Karpenter stand-in for the local API server: it plays Karpenter's (and the kubelet's) part of a
+scale-up exactly as shared/reference/karpenter-semantics.md §c describes, and nothing more.
+
+    sim = KarpenterSim(api_client)
+    n = sim.scale_up("gpu-pool")             # NodeClaim -> Launched -> Node registers -> Ready -> Registered
+    ...                                      # (the node agent reports Warm; the controller lifts the taint)
+    sim.sync_initialized(n.claim)            # Initialized once Ready and every startup taint is gone
+
+Steps, each callable on its own so tests can stop between them:
+1. ``create_nodeclaim``: spec copied from the NodePool template (nodeClassRef, requirements, taints,
+   startupTaints), labels karpenter.sh/nodepool + the template's labels.
+2. ``launch``: status.providerID and Launched=True (status subresource).
+3. ``register_node``: the kubelet creates the Node carrying providerID, labels, NodeClaim taints +
+   startupTaints + karpenter.sh/unregistered:NoExecute (AL2023 registerWithTaints); the API server's
+   admission adds node.kubernetes.io/not-ready:NoSchedule itself.
+4. ``kubelet_ready``: Ready=True and the not-ready taint removed (the node lifecycle controller's job).
+5. ``mark_registered``: Karpenter links the Node *by providerID only*, removes karpenter.sh/unregistered,
+   labels karpenter.sh/registered=true, sets status.nodeName and Registered=True.
+6. ``sync_initialized``: Initialized=True + label karpenter.sh/initialized=true only when the Node is
+   Ready and none of the NodeClaim's startupTaints nor the known-ephemeral taints remain.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from kubernetes.client.exceptions import ApiException
+
+from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, Kube
+
+UNREGISTERED = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
+EPHEMERAL_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
+                        "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered")
+EPHEMERAL_TAINT_PREFIX = "readiness.k8s.io/"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(ctype: str, status: str, reason: str, message: str = "", generation: int = 1) -> dict:
+    # Never an empty message: this v1.20 API server turns "" into null and then rejects it (type string).
+    return {"type": ctype, "status": status, "reason": reason, "message": message or reason,
+            "lastTransitionTime": _now(), "observedGeneration": generation}
+
+
+def _set_condition(conds: list[dict], new: dict) -> list[dict]:
+    old = next((c for c in conds if c["type"] == new["type"]), None)
+    if old and old["status"] == new["status"]:
+        new = {**new, "lastTransitionTime": old["lastTransitionTime"]}
+    return [c for c in conds if c["type"] != new["type"]] + [new]
+
+
+@dataclass(frozen=True)
+class SimNode:
+    claim: str
+    node: str
+    provider_id: str
+    instance_type: str
+
+
+class KarpenterSim:
+    def __init__(self, api_client, zone: str = "us-west-2a", default_instance_type: str = "p5.48xlarge"):
+        self.kube = Kube(api_client)
+        self.zone, self.default_instance_type = zone, default_instance_type
+
+    # 1 -------------------------------------------------------------------------------------------------
+    def create_nodeclaim(self, nodepool: str, name: str | None = None, instance_type: str | None = None) -> dict:
+        np = self.kube.get(NODEPOOLS, nodepool)
+        tmpl = np["spec"]["template"]
+        ts = tmpl.get("spec") or {}
+        it = instance_type or self.default_instance_type
+        labels = {**((tmpl.get("metadata") or {}).get("labels") or {}), "karpenter.sh/nodepool": nodepool,
+                  "node.kubernetes.io/instance-type": it, "karpenter.sh/capacity-type": "on-demand",
+                  "topology.kubernetes.io/zone": self.zone}
+        reqs = [r for r in ts.get("requirements") or () if r.get("key") != "node.kubernetes.io/instance-type"]
+        reqs.append({"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [it]})
+        spec = {"nodeClassRef": ts["nodeClassRef"], "requirements": reqs,
+                "resources": {"requests": {"cpu": "1"}}}
+        for k in ("taints", "startupTaints", "expireAfter", "terminationGracePeriod"):
+            if ts.get(k) is not None:
+                spec[k] = ts[k]
+        body = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                "metadata": {"name": name or f"{nodepool}-{secrets.token_hex(3)}", "labels": labels,
+                             "annotations": {**((tmpl.get("metadata") or {}).get("annotations") or {})},
+                             "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                                                  "name": nodepool, "uid": np["metadata"]["uid"],
+                                                  "blockOwnerDeletion": True}]},
+                "spec": spec}
+        return self.kube.create(NODECLAIMS, body)
+
+    # 2 -------------------------------------------------------------------------------------------------
+    def launch(self, claim: str, instance_id: str | None = None) -> dict:
+        c = self.kube.get(NODECLAIMS, claim)
+        iid = instance_id or f"i-{secrets.token_hex(8)}"
+        status = c.get("status") or {}
+        status.update({"providerID": f"aws:///{self.zone}/{iid}", "imageID": "ami-0123456789abcdef0",
+                       "capacity": {"cpu": "192", "memory": "2048Gi", "nvidia.com/gpu": "8"},
+                       "allocatable": {"cpu": "191", "memory": "2000Gi", "nvidia.com/gpu": "8"}})
+        status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Launched", "True", "Launched"))
+        return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
+
+    # 3 -------------------------------------------------------------------------------------------------
+    def register_node(self, claim: str, node_name: str | None = None) -> dict:
+        c = self.kube.get(NODECLAIMS, claim)
+        pid = c["status"]["providerID"]
+        spec = c["spec"]
+        name = node_name or f"ip-10-0-{secrets.randbelow(255)}-{secrets.randbelow(255)}.{claim}.internal"
+        labels = {**c["metadata"].get("labels", {}), "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64"}
+        taints = [dict(t) for t in (spec.get("taints") or []) + (spec.get("startupTaints") or [])] + [dict(UNREGISTERED)]
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+                "spec": {"providerID": pid, "taints": taints}}
+        return self.kube.create(NODES, body)
+
+    # 4 -------------------------------------------------------------------------------------------------
+    def kubelet_ready(self, node: str) -> dict:
+        now = _now()
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+        self.kube.request("PATCH", NODES.path(node, sub="status"), body={"status": {"conditions": [ready]}},
+                          content_type="application/strategic-merge-patch+json")
+        return self._remove_taints(node, lambda t: t.get("key") == "node.kubernetes.io/not-ready")
+
+    # 5 -------------------------------------------------------------------------------------------------
+    def mark_registered(self, claim: str) -> dict:
+        c = self.kube.get(NODECLAIMS, claim)
+        node = self.find_node(c["status"]["providerID"])
+        if node is None:
+            raise LookupError(f"NodeNotFound: no Node has providerID {c['status']['providerID']}")
+        self._remove_taints(node["metadata"]["name"], lambda t: t.get("key") == UNREGISTERED["key"],
+                            add_labels={"karpenter.sh/registered": "true"})
+        status = c["status"]
+        status["nodeName"] = node["metadata"]["name"]
+        status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Registered", "True", "Registered"))
+        return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
+
+    # 6 -------------------------------------------------------------------------------------------------
+    def sync_initialized(self, claim: str) -> bool:
+        c = self.kube.get(NODECLAIMS, claim)
+        node = self.find_node((c.get("status") or {}).get("providerID", ""))
+        if node is None:
+            return False
+        startup = {t["key"] for t in c["spec"].get("startupTaints") or ()}
+        taints = node["spec"].get("taints") or ()
+        blocked = [t["key"] for t in taints if t["key"] in startup or t["key"] in EPHEMERAL_TAINT_KEYS
+                   or t["key"].startswith(EPHEMERAL_TAINT_PREFIX)]
+        ready = any(x["type"] == "Ready" and x["status"] == "True" for x in (node.get("status") or {}).get("conditions") or ())
+        status = c["status"]
+        if not ready or blocked:
+            reason = "StartupTaintsExist" if blocked else "NodeNotReady"
+            status["conditions"] = _set_condition(status.get("conditions") or [],
+                                                  _cond("Initialized", "False", reason, f"taints {blocked}" if blocked else ""))
+            self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
+            return False
+        self.kube.merge_patch(NODES, node["metadata"]["name"], {"metadata": {"labels": {"karpenter.sh/initialized": "true"}}})
+        status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Initialized", "True", "Initialized"))
+        self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
+        return True
+
+    # -- conveniences ----------------------------------------------------------------------------------
+    def scale_up(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
+                 claim_name: str | None = None) -> SimNode:
+        """Steps 1-5: a node that is registered and Ready, still carrying its startup taints."""
+        c = self.create_nodeclaim(nodepool, claim_name, instance_type)
+        name = c["metadata"]["name"]
+        launched = self.launch(name)
+        node = self.register_node(name, node_name)
+        self.kubelet_ready(node["metadata"]["name"])
+        self.mark_registered(name)
+        return SimNode(name, node["metadata"]["name"], launched["status"]["providerID"],
+                       c["metadata"]["labels"]["node.kubernetes.io/instance-type"])
+
+    def find_node(self, provider_id: str) -> dict | None:
+        """Link by providerID only (0 -> NodeNotFound, >1 -> MultipleNodesFound), as Karpenter does."""
+        if not provider_id:
+            return None
+        nodes = [n for n in self.kube.list(NODES)["items"] if (n.get("spec") or {}).get("providerID") == provider_id]
+        if len(nodes) > 1:
+            raise LookupError(f"MultipleNodesFound: {[n['metadata']['name'] for n in nodes]} share {provider_id}")
+        return nodes[0] if nodes else None
+
+    def delete_nodeclaim(self, claim: str) -> None:
+        try:
+            self.kube.delete(NODECLAIMS, claim)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def delete_node(self, node: str) -> None:
+        try:
+            self.kube.delete(NODES, node)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _remove_taints(self, node: str, match, add_labels: dict | None = None, tries: int = 5) -> dict:
+        """Guarded JSON patch (test-then-remove), like any careful controller: others' taints survive."""
+        for _ in range(tries):
+            n = self.kube.get(NODES, node)
+            taints = n["spec"].get("taints") or []
+            ops = []
+            for i in reversed(range(len(taints))):
+                if match(taints[i]):
+                    ops += [{"op": "test", "path": f"/spec/taints/{i}", "value": taints[i]},
+                            {"op": "remove", "path": f"/spec/taints/{i}"}]
+            for k, v in (add_labels or {}).items():
+                ops.append({"op": "add", "path": "/metadata/labels/" + k.replace("~", "~0").replace("/", "~1"), "value": v})
+            if not ops:
+                return n
+            try:
+                return self.kube.json_patch(NODES, node, ops)
+            except ApiException as e:
+                if e.status not in (409, 422):
+                    raise
+                time.sleep(0.01)
+        raise RuntimeError(f"node {node} kept changing while removing taints")

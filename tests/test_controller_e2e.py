@@ -1,0 +1,201 @@
+"""The controller against the real local kube-apiserver with the upstream Karpenter CRDs, with the
+Karpenter stand-in playing Karpenter and the node agent reporting through its own kubelet identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodewarm.bootstrap.nodestatus import report_warm
+from nodewarm.controller.controller import Controller
+from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
+from nodewarm.controller.model import STATE_ANNOTATION
+from nodewarm.testenv.karpenter import KarpenterSim
+
+from controller_fixtures import TAINT, events_for, installed, options, running, taint_keys, wait_for
+
+pytestmark = pytest.mark.kube
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def admin(kube):
+    return kube.api_client()
+
+
+@pytest.fixture(scope="module")
+def k(admin):
+    return Kube(admin)
+
+
+def _owned_by(obj: dict, manager: str) -> set[str]:
+    fields = set()
+    for m in obj["metadata"].get("managedFields") or ():
+        if m["manager"] == manager:
+            fields |= set(_paths(m.get("fieldsV1") or {}))
+    return fields
+
+
+def _paths(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, sub in tree.items():
+        if key == ".":
+            continue
+        name = prefix + "." + key[2:] if key.startswith("f:") else prefix + key
+        out.append(name)
+        out += _paths(sub, name)
+    return out
+
+
+def test_inject_converges_once_keeps_user_parts_and_owns_only_its_fields(admin, k):
+    with installed(k) as inst:
+        with running(admin) as c:
+            wait_for(lambda: (k.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions"),
+                     what="Injected condition on the WarmProfile")
+            nc = k.get(inst.nc_res, inst.node_class)
+            np = k.get(NODEPOOLS, inst.pool)
+        assert nc["spec"]["instanceStorePolicy"] == "RAID0"
+        ud = nc["spec"]["userData"]
+        assert "echo user-part-one > /etc/user-one" in ud and "nodewarm" in ud
+        assert ud.index("user-part-one") < ud.index("nodewarm-userdata-part")   # user's parts first, in order
+        taints = np["spec"]["template"]["spec"]["startupTaints"]
+        assert taints == [{"key": "example.com/agent", "effect": "NoExecute"}, {"key": TAINT, "effect": "NoSchedule"}]
+        owned = _owned_by(nc, "nodewarm")
+        assert {".spec.instanceStorePolicy", ".spec.userData"} <= owned
+        assert not any(p.startswith((".spec.role", ".spec.subnetSelectorTerms", ".spec.amiSelectorTerms")) for p in owned)
+        cond = k.get(WARMPROFILES, inst.name)["status"]["conditions"][0]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("Injected", "True", "UpToDate")
+        assert events_for(k, "EC2NodeClass", inst.node_class), "no event for the applied NodeClass"
+        rv_nc, rv_np = nc["metadata"]["resourceVersion"], np["metadata"]["resourceVersion"]
+
+        # A second controller (a restart) finds nothing to change: no write, so no drift.
+        with running(admin) as c2:
+            wait_for(lambda: c2.metrics.injections.labels("EC2NodeClass", "uptodate")._value.get() >= 1,
+                     what="second controller to reconcile the profile")
+            assert c2.kube.writes[("ec2nodeclasses", "PATCH")] == 0
+            assert c2.kube.writes[("nodepools", "PATCH")] == 0
+        assert k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"] == rv_nc
+        assert k.get(NODEPOOLS, inst.pool)["metadata"]["resourceVersion"] == rv_np
+
+
+def test_audit_mode_reports_and_writes_nothing(admin, k):
+    with installed(k) as inst:
+        before = k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"]
+        c = Controller(admin, options(dry_run=True))
+        summary = c.run_once()
+        mine = summary["profiles"][inst.name]
+        assert mine["condition"]["reason"] == "AuditOnly"
+        changed = {t["kind"]: set(t["changedFields"]) for t in mine["targets"]}
+        assert changed["EC2NodeClass"] == {"spec.instanceStorePolicy", "spec.userData"}
+        assert changed["NodePool"] == {"spec.template.spec.startupTaints"}
+        assert not any(t["applied"] for t in mine["targets"])
+        assert sum(c.kube.writes.values()) == 0
+        assert k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"] == before
+        assert "status" not in k.get(WARMPROFILES, inst.name)
+
+
+def test_cli_once_dry_run_prints_the_audit_as_json(kube, k, tmp_path):
+    kcfg = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    with installed(k) as inst:
+        before = k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"]
+        out = subprocess.run([sys.executable, "-m", "nodewarm.cli", "controller", "--kubeconfig", str(kcfg),
+                              "--dry-run", "--once"], capture_output=True, text=True, timeout=60, check=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+        summary = json.loads(out.stdout)
+        assert summary["dryRun"] is True
+        assert summary["profiles"][inst.name]["condition"]["reason"] == "AuditOnly"
+        assert k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"] == before
+
+
+def test_cli_without_credentials_says_how_to_fix(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "nodewarm.cli", "controller", "--kubeconfig", str(tmp_path / "none"),
+                          "--once"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO), "KUBERNETES_SERVICE_HOST": ""}, cwd=REPO)
+    assert out.returncode == 1 and "NoCredentials" in out.stderr and "--kubeconfig" in out.stderr
+
+
+def test_semantically_invalid_profile_is_reported_and_nothing_is_applied(admin, k):
+    with installed(k) as inst:
+        before = k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"]
+        # Valid for the CRD schema, impossible on the hardware: p5.48xlarge has 8 GPUs.
+        k.merge_patch(WARMPROFILES, inst.name, {"spec": {"serving": {"tensorParallelSize": 3}}})
+        with running(admin):
+            cond = wait_for(lambda: ((k.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions") or [None])[0],
+                            what="Injected condition")
+        assert (cond["status"], cond["reason"]) == ("False", "InvalidProfile")
+        assert "tensorParallelSize" in cond["message"]
+        assert k.get(inst.nc_res, inst.node_class)["metadata"]["resourceVersion"] == before
+
+
+def test_automode_nodeclass_gets_ephemeral_storage_below_nvme(admin, k):
+    with installed(k, mode="automode", user_data=None) as inst:
+        with running(admin):
+            nc = wait_for(lambda: (x := k.get(inst.nc_res, inst.node_class))["spec"].get("ephemeralStorage") and x,
+                          what="ephemeralStorage on the Auto Mode NodeClass")
+        size = nc["spec"]["ephemeralStorage"]["size"]
+        assert size.endswith(("G", "Gi")) and int(size.rstrip("Gi")) < 30400   # p5.48xlarge NVMe is 30400 GB
+        assert nc["spec"]["role"] == inst.profile.nodes.role                    # the user's fields untouched
+
+
+def test_warm_node_is_untainted_labelled_recorded_and_initialized(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, node_name="node-2")
+        k.json_patch(NODES, "node-2", [{"op": "add", "path": "/spec/taints/-",
+                                        "value": {"key": "example.com/other", "value": "x", "effect": "NoSchedule"}}])
+        assert TAINT in taint_keys(k, "node-2")
+        assert not sim.sync_initialized(n.claim)          # Karpenter holds Initialized while the startup taint is on
+
+        report_warm(kube.api_client(kube.node_token("node-2")), "node-2", True, "WeightsVerified", "67 GB verified",
+                    {"nodewarm.io/compile-cache": "hit", "nodewarm.io/compile-cache-reason": "key abc found"})
+        wait_for(lambda: TAINT not in taint_keys(k, "node-2"), what="readiness taint removed")
+        wait_for(lambda: c.decisions, what="decision recorded")
+        node = k.get(NODES, "node-2")
+        assert [t["key"] for t in node["spec"]["taints"]] == ["nvidia.com/gpu", "example.com/other"]
+        labels = node["metadata"]["labels"]
+        assert labels["nodewarm.io/warm"] == "true" and labels["nodewarm.io/compile-cache"] == "hit"
+        assert labels["nodewarm.io/model"] == "qwen3-35b" and labels["nodewarm.io/profile"] == inst.name
+        state = json.loads(node["metadata"]["annotations"][STATE_ANNOTATION])
+        assert state["decision"] == "Untainted" and state["nodeClaim"] == n.claim
+        assert {c["type"]: c["reason"] for c in state["conditions"]} == {"Tracked": "NodeFound",
+                                                                          "Untainted": "WarmConditionTrue"}
+        assert sim.sync_initialized(n.claim)
+        assert k.get(NODES, "node-2")["metadata"]["labels"]["karpenter.sh/initialized"] == "true"
+        wait_for(lambda: events_for(k, "Node", "node-2") and events_for(k, "NodeClaim", n.claim), what="events")
+        ev = events_for(k, "Node", "node-2")[0]
+        assert ev["reason"] == "Untainted" and "compile cache hit" in ev["message"]
+        assert ev["related"]["name"] == n.claim
+        assert c.metrics.taints_removed.labels(inst.pool)._value.get() == 1
+        assert c.metrics.cache.labels(inst.pool, "hit")._value.get() == 1
+        assert c.kube.writes[("nodes", "PATCH")] == 1      # one guarded patch: taint, labels and record together
+        assert k.get(NODECLAIMS, n.claim)["status"]["nodeName"] == "node-2"
+
+
+@pytest.mark.parametrize("action", ["untaint", "replace", "keep"])
+def test_deadline_actions(admin, k, action):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1s", on_deadline=action) as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool)
+        if action == "untaint":
+            wait_for(lambda: TAINT not in taint_keys(k, n.node), what="cold untaint")
+            node = k.get(NODES, n.node)
+            assert node["metadata"]["labels"]["nodewarm.io/warm"] == "cold"
+            assert json.loads(node["metadata"]["annotations"][STATE_ANNOTATION])["decision"] == "DeadlineUntaint"
+        elif action == "replace":
+            wait_for(lambda: n.claim not in {x["metadata"]["name"] for x in k.list(NODECLAIMS)["items"]},
+                     what="NodeClaim deleted")
+            assert TAINT in taint_keys(k, n.node)        # the node goes away with its claim; never untainted
+        else:
+            wait_for(lambda: STATE_ANNOTATION in (k.get(NODES, n.node)["metadata"].get("annotations") or {}),
+                     what="keep decision recorded")
+            assert TAINT in taint_keys(k, n.node)
+        wait_for(lambda: c.decisions, what="decision recorded")
+        reason = {"untaint": "WarmDeadlineUntaint", "replace": "WarmDeadlineReplace", "keep": "WarmDeadlineKeep"}[action]
+        wait_for(lambda: [e for e in events_for(k, "NodeClaim", n.claim) if e["reason"] == reason], what="deadline event")
+        assert c.metrics.deadlines.labels(inst.pool, action)._value.get() == 1
+        assert c.decisions.count((n.claim, {"untaint": "untaint", "replace": "delete_claim", "keep": "record"}[action])) == 1

@@ -1,0 +1,199 @@
+"""Faults the controller must survive, on the real API server: broken watches, 410 Gone, conflicts on
+the taint patch, a kill -9 between phases, objects vanishing mid-warm, and two replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodewarm.bootstrap.nodestatus import report_warm
+from nodewarm.controller.kube import LEASES, NODES, Kube, Resource
+from nodewarm.controller.model import STATE_ANNOTATION
+from nodewarm.testenv.karpenter import KarpenterSim
+
+from controller_fixtures import (
+    TAINT, FaultProxy, client_for, events_for, installed, running, taint_keys, uniq, wait_for,
+)
+
+pytestmark = pytest.mark.kube
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def admin(kube):
+    return kube.api_client()
+
+
+@pytest.fixture(scope="module")
+def k(admin):
+    return Kube(admin)
+
+
+@pytest.fixture
+def proxy(kube):
+    p = FaultProxy(kube.server, kube.ca_file)
+    yield p
+    p.stop()
+
+
+def warm(kube, admin, node: str) -> None:
+    report_warm(admin, node, True, "WeightsVerified", "ok", {"nodewarm.io/compile-cache": "miss"})
+
+
+def test_watch_dropped_mid_stream_resumes_from_last_resource_version(kube, admin, k, proxy):
+    sim = KarpenterSim(admin)
+    proxy.drop_watch("/api/v1/nodes?", after_events=1)
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+        n = sim.scale_up(inst.pool)      # the node's first event is delivered, then the stream is cut
+        warm(kube, admin, n.node)
+        wait_for(lambda: TAINT not in taint_keys(k, n.node), what="taint removed after the watch was cut")
+        assert ("drop", ) == tuple({kind for kind, _ in proxy.injected})
+        assert c.nodes.watch_starts >= 2 and c.nodes.lists == 1   # resumed, not re-listed
+
+
+def test_410_gone_relists_and_keeps_working(kube, admin, k, proxy):
+    sim = KarpenterSim(admin)
+    proxy.gone_watch("/apis/karpenter.sh/v1/nodeclaims?")
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+        wait_for(lambda: c.claims.lists >= 2, what="re-list after 410")
+        n = sim.scale_up(inst.pool)
+        warm(kube, admin, n.node)
+        wait_for(lambda: TAINT not in taint_keys(k, n.node), what="taint removed after a 410 re-list")
+        assert proxy.injected and proxy.injected[0][0] == "gone"
+
+
+def test_409_on_the_taint_patch_is_retried(kube, admin, k, proxy):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+        n = sim.scale_up(inst.pool)
+        proxy.conflict_patch(f"/api/v1/nodes/{n.node}")
+        warm(kube, admin, n.node)
+        wait_for(lambda: TAINT not in taint_keys(k, n.node), what="taint removed after a 409")
+        wait_for(lambda: c.decisions, what="decision recorded")
+        assert proxy.injected == [("conflict", f"/api/v1/nodes/{n.node}")]
+        assert c.metrics.conflicts.labels("nodes")._value.get() == 1
+        assert c.decisions.count((n.claim, "untaint")) == 1
+
+
+def test_stale_cache_guarded_patch_never_touches_the_new_taint(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst, running(admin, workers=0) as c:
+        n = sim.scale_up(inst.pool)
+        warm(kube, admin, n.node)
+        wait_for(lambda: (x := c.nodes.store.get(n.node)) and x.warm and x.warm.status == "True", what="warm in cache")
+        c.nodes.stop()                   # freeze the cache: the controller now acts on a stale view
+        late = {"key": "example.com/late", "effect": "NoSchedule"}
+        k.json_patch(NODES, n.node, [{"op": "add", "path": "/spec/taints/0", "value": late}])
+        plan = c.reconcile_claim(n.claim)
+        assert plan.action == "untaint"
+        assert taint_keys(k, n.node) == ["example.com/late", "nvidia.com/gpu"]
+        assert c.metrics.conflicts.labels("nodes")._value.get() == 1
+
+
+def _controller_proc(kubeconfig: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nodewarm.cli", "controller", "--kubeconfig", str(kubeconfig), "--workers", "1",
+         "--metrics-port", "-1", "--health-port", "-1", "--watch-timeout-seconds", "20"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _decisions(log: Path) -> list[dict]:
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    return [x for x in lines if x.get("event") == "decision"]
+
+
+def test_killed_between_phases_restarts_from_cluster_state_and_does_nothing_twice(kube, admin, k, tmp_path):
+    sim = KarpenterSim(admin)
+    kcfg = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    with installed(k, inject_ready=True) as inst:
+        a = sim.scale_up(inst.pool)
+        warm(kube, admin, a.node)
+        first = _controller_proc(kcfg, tmp_path / "c1.log")
+        try:
+            wait_for(lambda: TAINT not in taint_keys(k, a.node), timeout_s=30, what="A untainted by controller 1")
+            b = sim.scale_up(inst.pool)                   # B: registered, tracked, not Warm yet
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        a_rv = k.get(NODES, a.node)["metadata"]["resourceVersion"]
+        a_events = len(events_for(k, "Node", a.node))
+        warm(kube, admin, b.node)                          # B turns Warm while no controller runs
+
+        second = _controller_proc(kcfg, tmp_path / "c2.log")
+        try:
+            # One worker, FIFO: A (listed first) is reconciled before B, so B done => A was looked at.
+            wait_for(lambda: TAINT not in taint_keys(k, b.node), timeout_s=30, what="B untainted by controller 2")
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(15)
+        assert k.get(NODES, a.node)["metadata"]["resourceVersion"] == a_rv
+        assert len(events_for(k, "Node", a.node)) == a_events == 1
+        assert [d["nodeclaim"] for d in _decisions(tmp_path / "c2.log")] == [b.claim]
+        assert json.loads(k.get(NODES, b.node)["metadata"]["annotations"][STATE_ANNOTATION])["decision"] == "Untainted"
+
+
+def test_node_deleted_while_warming_is_left_alone(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1s") as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool)
+        sim.delete_node(n.node)
+        wait_for(lambda: n.node not in c.nodes.store, what="node deletion seen")
+        time.sleep(1.5)                                    # past the 1 s deadline: nothing to untaint any more
+        later = sim.scale_up(inst.pool)
+        warm(kube, admin, later.node)
+        wait_for(lambda: later.claim in {cl for cl, _ in c.decisions}, what="next node still handled")
+        assert n.claim not in {cl for cl, _ in c.decisions}
+        assert c.metrics.reconcile_errors.labels("claim")._value.get() == 0
+        assert c.healthy()
+
+
+def test_nodeclaim_deleted_means_its_node_is_never_untainted(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst, running(admin) as c:
+        orphan = sim.scale_up(inst.pool)
+        sim.delete_nodeclaim(orphan.claim)                 # Karpenter is terminating it
+        wait_for(lambda: orphan.claim not in c.claims.store, what="claim deletion seen")
+        warm(kube, admin, orphan.node)
+        sentinel = sim.scale_up(inst.pool)
+        warm(kube, admin, sentinel.node)                   # node events arrive in order: orphan's came first
+        wait_for(lambda: TAINT not in taint_keys(k, sentinel.node), what="sentinel untainted")
+        wait_for(lambda: c.decisions, what="decision recorded")
+        assert TAINT in taint_keys(k, orphan.node)
+        assert [cl for cl, _ in c.decisions] == [sentinel.claim]
+
+
+def test_two_controllers_one_acts_and_the_standby_takes_over(kube, admin, k):
+    ns = uniq("nw-lease")
+    k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
+    sim = KarpenterSim(admin)
+    opts = dict(leader_elect=True, lease_namespace=ns)
+    with installed(k, inject_ready=True) as inst, running(admin, identity="one", **opts) as one, \
+            running(admin, identity="two", **opts) as two:
+        leader = wait_for(lambda: one if one.is_leader.is_set() else two if two.is_leader.is_set() else None,
+                          what="a leader")
+        standby = two if leader is one else one
+        n1 = sim.scale_up(inst.pool)
+        warm(kube, admin, n1.node)
+        wait_for(lambda: TAINT not in taint_keys(k, n1.node), what="first node untainted")
+        wait_for(lambda: leader.decisions, what="decision recorded")
+        assert list(leader.decisions) == [(n1.claim, "untaint")] and list(standby.decisions) == []
+        assert not standby.is_leader.is_set()
+        lease = k.get(LEASES, "nodewarm-controller", ns)
+        assert lease["spec"]["holderIdentity"] == leader.opt.identity
+
+        leader.stop()                                      # releases the Lease: the standby takes over at once
+        wait_for(lambda: standby.is_leader.is_set(), timeout_s=10, what="standby takes over")
+        n2 = sim.scale_up(inst.pool)
+        warm(kube, admin, n2.node)
+        wait_for(lambda: TAINT not in taint_keys(k, n2.node), what="second node untainted by the new leader")
+        wait_for(lambda: standby.decisions, what="decision recorded")
+        assert list(standby.decisions) == [(n2.claim, "untaint")]
+        assert k.get(LEASES, "nodewarm-controller", ns)["spec"]["holderIdentity"] == standby.opt.identity
+

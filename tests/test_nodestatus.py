@@ -1,0 +1,64 @@
+"""The node-side reporter, with the node's own kubelet identity, under real NodeRestriction."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from nodewarm.bootstrap.nodestatus import WARM_CONDITION, report_warm
+from nodewarm.controller.kube import NODES, Kube
+from nodewarm.errors import NodewarmError
+
+pytestmark = pytest.mark.kube
+
+NODE = "node-3"
+TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
+
+
+@pytest.fixture
+def node(kube):
+    k = Kube(kube.api_client())
+    try:
+        k.delete(NODES, NODE)
+    except ApiException:
+        pass
+    k.create(NODES, {"metadata": {"name": NODE, "labels": {"karpenter.sh/nodepool": "x"}},
+                     "spec": {"providerID": "aws:///us-west-2a/i-0003", "taints": [TAINT]}})
+    yield k
+    k.delete(NODES, NODE)
+
+
+def _warm(k: Kube) -> dict:
+    return next(c for c in k.get(NODES, NODE)["status"]["conditions"] if c["type"] == WARM_CONDITION)
+
+
+def test_node_identity_sets_its_condition_and_annotations(kube, node):
+    me = kube.api_client(kube.node_token(NODE))
+    report_warm(me, NODE, False, "WeightsLoading", "streaming 67 GB", {"nodewarm.io/timeline": '{"start":"x"}'})
+    first = _warm(node)
+    assert (first["status"], first["reason"]) == ("False", "WeightsLoading")
+
+    report_warm(me, NODE, True, "WeightsVerified", "67 GB verified",
+                {"nodewarm.io/compile-cache": "hit", "nodewarm.io/compile-cache-reason": "key found"})
+    w = _warm(node)
+    assert (w["status"], w["reason"], w["message"]) == ("True", "WeightsVerified", "67 GB verified")
+    ann = node.get(NODES, NODE)["metadata"]["annotations"]
+    assert ann["nodewarm.io/compile-cache"] == "hit" and ann["nodewarm.io/timeline"] == '{"start":"x"}'
+
+    report_warm(me, NODE, True, "WeightsVerified", "still warm", {})
+    assert _warm(node)["lastTransitionTime"] == w["lastTransitionTime"]   # no flip, no new transition time
+
+
+def test_node_identity_cannot_remove_its_own_taint(kube, node):
+    me = Kube(kube.api_client(kube.node_token(NODE)))
+    with pytest.raises(ApiException) as e:
+        me.json_patch(NODES, NODE, [{"op": "remove", "path": "/spec/taints/0"}])
+    assert e.value.status == 403 and "not allowed to modify taints" in e.value.body
+    assert node.get(NODES, NODE)["spec"]["taints"][0] == TAINT
+
+
+def test_another_nodes_identity_is_refused(kube, node):
+    with pytest.raises(NodewarmError) as e:
+        report_warm(kube.api_client(kube.node_token("node-4")), NODE, True, "WeightsVerified", "x", {"a": "b"})
+    assert e.value.reason == "NodeStatusForbidden"
+    assert not any(c["type"] == WARM_CONDITION for c in node.get(NODES, NODE).get("status", {}).get("conditions") or ())
