@@ -34,6 +34,7 @@ Exit codes: 0 ok; 2 invalid profile (the message names the field, the bad value 
 
 Example:
   nodewarm render -f examples/qwen3-karpenter.yaml | kubectl apply --server-side -f -
+  nodewarm render -f profile.yaml --with-controller registry.example/nodewarm:0.1.0 | kubectl apply --server-side -f -
   nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
 """
 
@@ -68,6 +69,11 @@ def dump_all(docs: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     p, types = load_checked(args.file, args.instance_source, args.measure)
     out = render(p, types)
+    if args.with_controller:
+        from nodewarm.controller import manifests
+        from nodewarm.schema import crd
+
+        out.documents[:0] = [crd(), *manifests.render(args.with_controller)]
     if args.crds:
         crd_files = sorted(Path(args.crds).glob("*.yaml"))
         report = crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files))
@@ -103,4 +109,7 @@ def register(sub) -> None:
     r.add_argument("--measure", action="store_true", help="size the model from the S3 listing when sizeGB is omitted")
     r.add_argument("--crds", help="also check every object strictly against the CRDs in this folder "
                                   "(the pkg/apis/crds of the Karpenter release you run)")
+    r.add_argument("--with-controller", metavar="IMAGE",
+                   help="also render the WarmProfile CRD and the controller (Namespace, least-privilege RBAC, "
+                        "2-replica Deployment) running IMAGE")
     r.set_defaults(func=run)
