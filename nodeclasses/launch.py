@@ -36,4 +36,21 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
         cache_mount=p.nodes.cache_mount,
         region=region_of(p),
         nodewarm_version=__version__,
+        cache_key_args=cache_key_args(p),
     )
+
+
+def cache_key_args(p: WarmProfile) -> tuple[str, ...]:
+    """What the node's compile-cache key needs from the profile, as `bootstrap run` options. The model
+    string is the path vLLM is started with, so it is derived on the node from the profile name."""
+    s = p.serving
+    args = ["--tp", str(s.tensor_parallel_size), "--engine-arg", f"dtype={s.dtype}"]
+    if s.max_model_len:
+        args += ["--engine-arg", f"max_model_len={s.max_model_len}"]
+    if p.model.revision:
+        args += ["--revision", p.model.revision]
+    if s.image:
+        args += ["--image", s.image]
+    if p.compile_cache.verify_key:
+        args += ["--verify-key", p.compile_cache.verify_key]
+    return tuple(args)

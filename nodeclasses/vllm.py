@@ -58,6 +58,9 @@ def env(p: WarmProfile) -> list[dict]:
         {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_MOUNT}/inductor"},
         {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
+        # Inductor keeps its precompiled C++ headers under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says;
+        # on the NVMe volume they are restored with the rest of the bundle instead of rebuilt per pod.
+        {"name": "TMPDIR", "value": f"{CACHE_MOUNT}/tmp"},
     ]
 
 

@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 
 from kubernetes.client.exceptions import ApiException
 
+from nodewarm import instancetypes
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, Kube
 
 UNREGISTERED = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
@@ -121,7 +122,14 @@ class KarpenterSim:
         now = _now()
         ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
                  "lastHeartbeatTime": now, "lastTransitionTime": now}
-        self.kube.request("PATCH", NODES.path(node, sub="status"), body={"status": {"conditions": [ready]}},
+        # A kubelet reports its capacity with its first status; the scheduler needs it to place GPU pods.
+        it = self.kube.get(NODES, node)["metadata"]["labels"].get("node.kubernetes.io/instance-type", "")
+        facts = instancetypes.offline_table().get(it)
+        gpus = str(facts.gpus if facts else 0)
+        resources = {"cpu": "192", "memory": "2048Gi", "pods": "110", "nvidia.com/gpu": gpus,
+                     "ephemeral-storage": f"{facts.nvme_gb if facts else 100}G"}
+        self.kube.request("PATCH", NODES.path(node, sub="status"),
+                          body={"status": {"conditions": [ready], "capacity": resources, "allocatable": resources}},
                           content_type="application/strategic-merge-patch+json")
         return self._remove_taints(node, lambda t: t.get("key") == "node.kubernetes.io/not-ready")
 

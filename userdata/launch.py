@@ -43,6 +43,9 @@ class BootstrapLaunch:
     artifact_uri: str | None = None
     artifact_sha256: str | None = None
     compile_cache_uri: str | None = None
+    # The rest of the compile-cache key the node must match (tensor parallelism, vLLM engine flags, the
+    # bundle verify key), as `bootstrap run` options: the node has no other way to learn them.
+    cache_key_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.artifact_uri is None) != (self.artifact_sha256 is None):
@@ -69,6 +72,10 @@ class BootstrapLaunch:
                 _bad(name, value, "only letters, digits and . _ / : = @ + , - (it is written unquoted into a "
                                   "systemd unit and a shell script)")
 
+        for value in self.cache_key_args:
+            if not _SAFE.match(value):
+                _bad("cache_key_args", value, "only letters, digits and . _ / : = @ + , -")
+
     def bootstrap_argv(self) -> list[str]:
         """The arguments after `nodewarm` that start the warm-up on the node."""
         argv = ["bootstrap", "run",
@@ -79,7 +86,7 @@ class BootstrapLaunch:
                 "--mount", self.cache_mount,
                 "--region", self.region]
         if self.compile_cache_uri:
-            argv += ["--compile-cache-uri", self.compile_cache_uri]
+            argv += ["--compile-cache-uri", self.compile_cache_uri, *self.cache_key_args]
         return argv
 
 

@@ -1,0 +1,234 @@
+"""Publish a node's compile caches once, first writer wins.
+
+The publisher (node agent or a sidecar next to vLLM) watches the cache roots with watchdog. When a
+compile has finished (new compiled artifacts on disk, then no file activity for ``quiet_s``) it
+packs the roots into a deterministic bundle, uploads it under its content hash, and commits it by
+writing the signed envelope ``<prefix>/<key_id>.json`` exactly once:
+
+* servers with conditional writes (AWS S3, SeaweedFS): ``PUT If-None-Match: *``; a 412 means another
+  node won, and we drop our blob.
+* servers that ignore preconditions (rclone, probed at start): the *claim* protocol. Each writer
+  PUTs a uniquely named claim ``<key_id>.json.claims/<epoch-ms>-<uuid>``, waits ``settle_s`` for the
+  listing to catch up, and only the writer with the oldest live claim (younger than ``claim_ttl_s``,
+  so a crashed writer cannot block forever) writes the envelope, after checking it is still absent,
+  then reads it back. Two writers can only both win with clocks skewed by more than ``settle_s`` and
+  a race inside that window; even then readers stay safe, because an envelope always names its own
+  immutable, content-addressed blob: the worst case is one envelope replaced by another valid one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from watchdog.events import (EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent,
+                             FileSystemEventHandler)
+from watchdog.observers import Observer
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from . import bundle, cachekey, hitcheck, signing
+from .cachestore import CacheStore, blob_key, envelope_key
+
+log = logs.get("bootstrap.compilecache")
+
+# watchdog's inotify backend warns when a directory created during a burst of writes (a compile) is
+# registered twice; it then keeps one watch, which is all we need.
+warnings.filterwarnings("ignore", message="Callback with id", category=RuntimeWarning, module="watchdog")
+
+_CLAIM = re.compile(r"^(\d{15})-[0-9a-f]{32}$")
+PublishStatus = Literal["published", "exists", "empty", "timeout"]
+
+
+@dataclass(frozen=True)
+class PublishSettings:
+    quiet_s: float = 30.0        # no file activity for this long after new artifacts = compile done
+    poll_s: float = 1.0
+    timeout_s: float | None = None
+    settle_s: float = 5.0        # claim protocol: listing lag to wait out (rclone caches dirs ~1 s)
+    claim_ttl_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    status: PublishStatus
+    message: str
+    envelope_key: str = ""
+    blob_key: str = ""
+    sha256: str = ""
+    size: int = 0
+    files: int = 0
+    protocol: str = ""           # "conditional" | "claim"
+
+
+class QuietDetector:
+    """Pure: has there been activity, and none for ``quiet_s``? Times come from the caller."""
+
+    def __init__(self, quiet_s: float):
+        self.quiet_s = quiet_s
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def touch(self, now: float) -> None:
+        with self._lock:
+            self._last = now
+
+    def due(self, now: float) -> bool:
+        with self._lock:
+            return self._last is not None and now - self._last >= self.quiet_s
+
+    def reset(self) -> None:
+        with self._lock:
+            self._last = None
+
+
+class _Touch(FileSystemEventHandler):
+    def __init__(self, detector: QuietDetector, clock: Callable[[], float]):
+        self.detector, self.clock = detector, clock
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        # Reads (ours while packing, vLLM's on a hit) are not compile activity.
+        if event.event_type not in (EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE):
+            self.detector.touch(self.clock())
+
+
+def wait_for_compile(roots: Mapping[str, Path], baseline: hitcheck.TreeSnapshot, settings: PublishSettings,
+                     clock: Callable[[], float] = time.monotonic) -> hitcheck.TreeSnapshot | None:
+    """Block until the roots hold new compiled artifacts and have been quiet; None on timeout."""
+    detector = QuietDetector(settings.quiet_s)
+    observer = Observer()
+    for path in roots.values():
+        Path(path).mkdir(parents=True, exist_ok=True)  # watchdog needs the dir; vLLM creates it lazily
+        observer.schedule(_Touch(detector, clock), str(path), recursive=True)
+    observer.start()
+    deadline = None if settings.timeout_s is None else clock() + settings.timeout_s
+    try:
+        while deadline is None or clock() < deadline:
+            time.sleep(settings.poll_s)
+            if not detector.due(clock()):
+                continue
+            snap = hitcheck.snapshot(roots)
+            if snap.artifacts - baseline.artifacts:
+                return snap
+            detector.reset()  # activity without compiled output (locks, logs): keep waiting
+        return None
+    finally:
+        observer.stop()
+        observer.join()
+
+
+def producer_info(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        "node": env.get("NODE_NAME") or socket.gethostname(),
+        "instanceType": env.get("NODEWARM_INSTANCE_TYPE", ""),
+        "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _claim_and_write(store: CacheStore, env_key: str, envelope: bytes, settings: PublishSettings) -> bool:
+    claims = env_key + ".claims/"
+    mine = f"{claims}{int(time.time() * 1000):015d}-{uuid.uuid4().hex}"
+    store.put(mine, b"")
+    try:
+        time.sleep(settings.settle_s)
+        now_ms = time.time() * 1000
+        stamps = {k: _CLAIM.match(k[len(claims):]) for k in store.list(claims, delimiter=None)}
+        live = [k for k, m in stamps.items() if m and now_ms - int(m.group(1)) < settings.claim_ttl_s * 1000]
+        if mine not in live or min(live) != mine:
+            log.info("compilecache.publish.claim_lost", key=env_key, claims=len(live))
+            return False
+        if store.exists(env_key):
+            return False
+        store.put(env_key, envelope)
+        return store.get_small(env_key) == envelope
+    finally:
+        store.tidy(mine)
+
+
+def publish_once(store: CacheStore, roots: Mapping[str, Path], factors: cachekey.Factors,
+                 key: Ed25519PrivateKey, producer: Mapping[str, str], settings: PublishSettings = PublishSettings(),
+                 workdir: Path | None = None) -> PublishResult:
+    """Pack the roots as they are now and commit them for this key, unless a bundle already exists."""
+    prefix = cachekey.prefix(factors, store.root)
+    kid = cachekey.key_id(factors)
+    env_key = envelope_key(prefix, kid)
+    if store.exists(env_key):
+        return PublishResult("exists", f"a bundle for this key is already published at {env_key}", env_key)
+    snap = hitcheck.snapshot(roots)
+    if not snap.artifacts:
+        # An empty bundle would win the key and keep every later node cold.
+        return PublishResult("empty", f"no compiled artifacts under {sorted(map(str, roots.values()))}; "
+                             "nothing to publish", env_key)
+    with tempfile.TemporaryDirectory(prefix="nodewarm-publish-", dir=workdir) as tmp:
+        packed = bundle.pack({n: Path(p) for n, p in roots.items()}, Path(tmp) / f"{kid}.tar.zst")
+        blob = blob_key(prefix, packed.sha256)
+        manifest = cachekey.BundleManifest(
+            factors=factors.to_dict(), key_id=kid, blob_key=blob, sha256=packed.sha256, size=packed.size,
+            files=packed.files, unpacked_bytes=packed.unpacked_bytes,
+            roots=tuple(sorted(n for n, p in roots.items() if Path(p).is_dir())),
+            hash_dirs=tuple(sorted(snap.hash_dirs)), graphs=tuple(sorted(snap.graphs)), producer=dict(producer),
+        )
+        if not store.exists(blob):
+            store.put(blob, packed.path)
+    envelope = signing.seal(manifest.to_dict(), key)
+    conditional = store.conditional_writes()
+    protocol = "conditional" if conditional else "claim"
+    if conditional:
+        won = store.put_if_absent(env_key, envelope)
+    else:
+        won = _claim_and_write(store, env_key, envelope, settings)
+    facts = dict(envelope_key=env_key, blob_key=blob, sha256=packed.sha256, size=packed.size,
+                 files=packed.files, protocol=protocol)
+    if not won:
+        # A claim winner commits a moment after we lose; a conditional-write winner already has.
+        _drop_if_unreferenced(store, env_key, blob, wait_s=0 if conditional else settings.settle_s)
+        log.info("compilecache.publish.lost", **facts)
+        return PublishResult("exists", f"another node published {env_key} first (or holds the claim to)", **facts)
+    log.info("compilecache.publish.done", hash_dirs=list(manifest.hash_dirs), **facts)
+    return PublishResult("published", f"published {packed.files} files ({packed.size} bytes) to {env_key}", **facts)
+
+
+def _drop_if_unreferenced(store: CacheStore, env_key: str, blob: str, wait_s: float) -> None:
+    """Delete our blob once the winning envelope is there and names other bytes.
+
+    Without the envelope we cannot know whether the winner will name our blob (identical caches
+    pack to identical bytes), so the blob stays.
+    """
+    deadline = time.monotonic() + wait_s
+    while not store.exists(env_key):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.25)
+    try:
+        winner = json.loads(store.get_small(env_key))["manifest"]["blob_key"]
+    except (NodewarmError, ValueError, KeyError, TypeError):
+        return  # cleanup only: a stray blob costs storage, never correctness
+    if winner != blob:
+        store.tidy(blob)
+
+
+def watch_and_publish(store: CacheStore, roots: Mapping[str, Path], factors: cachekey.Factors,
+                      key: Ed25519PrivateKey, producer: Mapping[str, str],
+                      settings: PublishSettings = PublishSettings(), workdir: Path | None = None) -> PublishResult:
+    """The publisher's main loop: wait for one finished compile, then publish it once."""
+    env_key = envelope_key(cachekey.prefix(factors, store.root), cachekey.key_id(factors))
+    if store.exists(env_key):
+        return PublishResult("exists", f"a bundle for this key is already published at {env_key}", env_key)
+    baseline = hitcheck.snapshot(roots)
+    log.info("compilecache.publish.watching", roots={k: str(v) for k, v in roots.items()},
+             quiet_s=settings.quiet_s, key=env_key)
+    snap = wait_for_compile(roots, baseline, settings)
+    if snap is None:
+        return PublishResult("timeout", f"no finished compile within {settings.timeout_s} s", env_key)
+    return publish_once(store, roots, factors, key, producer, settings, workdir)

@@ -1,0 +1,210 @@
+"""Restore this node's compile caches from the bucket, or say exactly why compile will be cold.
+
+Runs in the bootstrap after the weights. Never fails the bootstrap for a cache problem: a missing,
+mismatched, unsigned, tampered or unsafe bundle yields ``status="cold"`` with a CamelCase reason and a
+message for the node condition, and the node still warms its weights.
+
+Order of trust: the envelope's signature (profile verify key) -> every factor in the manifest equals
+this node's -> the downloaded archive's size and sha256 equal the signed ones -> each archive entry
+is safe -> extracted into a staging dir next to the caches -> renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from . import bundle, cachekey, hitcheck, signing
+from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri
+
+log = logs.get("bootstrap.compilecache")
+
+RestoreStatus = Literal["restored", "cold"]
+_MAX_CANDIDATES = 8
+
+
+class CacheNotFound(NodewarmError):
+    reason = "CacheNotFound"
+
+
+class CacheKeyMismatch(NodewarmError):
+    reason = "CacheKeyMismatch"
+
+    def __init__(self, message: str, mismatches: list[cachekey.Mismatch]):
+        super().__init__(message)
+        self.mismatches = mismatches
+
+
+@dataclass(frozen=True)
+class RestoreSettings:
+    limits: bundle.Limits = bundle.Limits()
+    max_archive_bytes: int = 32 << 30
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    status: RestoreStatus
+    reason: str                          # "Restored" or why compile will be cold
+    message: str
+    envelope_key: str = ""
+    sha256: str = ""
+    files: int = 0
+    bytes: int = 0
+    hash_dirs: tuple[str, ...] = ()
+    mismatches: tuple[cachekey.Mismatch, ...] = ()
+    seconds: float = 0.0
+    baseline: hitcheck.TreeSnapshot = field(default_factory=hitcheck.TreeSnapshot)  # for verify_hit
+
+    def condition_message(self) -> str:
+        """One line for the node condition the caller sets."""
+        if self.status == "restored":
+            return f"compile cache restored ({self.files} files, {self.bytes} bytes) from {self.envelope_key}"
+        return f"compile will be cold: {self.reason}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "reason": self.reason, "message": self.message,
+            "envelopeKey": self.envelope_key, "sha256": self.sha256, "files": self.files, "bytes": self.bytes,
+            "hashDirs": list(self.hash_dirs), "mismatches": [dataclasses.asdict(m) for m in self.mismatches],
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _verified(store: CacheStore, key: str, verify_key: Ed25519PublicKey) -> cachekey.BundleManifest:
+    manifest = signing.open_envelope(store.get_small(key), verify_key)
+    try:
+        return cachekey.BundleManifest.from_dict(manifest)
+    except (ValueError, TypeError) as e:
+        raise signing.BundleTampered(f"signed manifest {key} is malformed: {e}") from None
+
+
+def choose(store: CacheStore, factors: cachekey.Factors, verify_key: Ed25519PublicKey) -> cachekey.BundleManifest:
+    """The verified bundle for exactly these factors; otherwise raise naming what is wrong."""
+    prefix = cachekey.prefix(factors, store.root)
+    want = envelope_key(prefix, cachekey.key_id(factors))
+    envelopes = [k for k in store.list(prefix) if k.endswith(ENVELOPE_SUFFIX)]
+    if want in envelopes:
+        manifest = _verified(store, want, verify_key)
+        mismatches = cachekey.compare(factors, manifest.factors)
+        if mismatches:
+            raise CacheKeyMismatch(f"bundle {want} differs from this node in "
+                                   + "; ".join(map(str, mismatches)), mismatches)
+        if not manifest.blob_key.startswith(prefix + "blobs/"):
+            raise signing.BundleTampered(f"bundle {want} points outside its prefix: {manifest.blob_key}")
+        return manifest
+    if not envelopes:
+        raise CacheNotFound(f"no compile-cache bundle under s3://{store.uri.bucket}/{prefix} (first node for "
+                            "this runtime and model: it will compile and publish)")
+    # Same readable prefix, different fine factors (ISA, paths, env, engine flags): name them.
+    best: list[cachekey.Mismatch] | None = None
+    best_key = ""
+    for key in envelopes[:_MAX_CANDIDATES]:
+        try:
+            other = _verified(store, key, verify_key)
+        except NodewarmError:
+            continue
+        mismatches = cachekey.compare(factors, other.factors)
+        if best is None or len(mismatches) < len(best):
+            best, best_key = mismatches, key
+    if best is None:
+        raise CacheNotFound(f"no bundle for this key under s3://{store.uri.bucket}/{prefix}, and none of the "
+                            f"{len(envelopes)} there verifies with the profile's key")
+    raise CacheKeyMismatch(f"no bundle for this node's key; nearest {best_key} differs in "
+                           + "; ".join(map(str, best)), best)
+
+
+def _download_verified(store: CacheStore, manifest: cachekey.BundleManifest, dest: Path, limit: int) -> None:
+    if manifest.size > limit:
+        raise bundle.UnsafeArchive(f"bundle {manifest.blob_key} is {manifest.size} bytes, over the {limit} limit")
+    try:
+        n = store.download(manifest.blob_key, dest, manifest.size)
+    except NodewarmError as e:
+        if e.reason == "ObjectTooLarge":
+            raise signing.BundleTampered(f"archive {manifest.blob_key} is larger than the signed "
+                                         f"{manifest.size} bytes") from None
+        raise
+    digest = hashlib.sha256()
+    with open(dest, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    if n != manifest.size or digest.hexdigest() != manifest.sha256:
+        raise signing.BundleTampered(f"archive {manifest.blob_key} is {n} bytes with sha256 {digest.hexdigest()}; "
+                                     f"the signed manifest says {manifest.size} bytes, {manifest.sha256}")
+
+
+def _staging_parent(roots: Mapping[str, Path]) -> Path:
+    # Next to the caches, so the final step is a rename on the same filesystem.
+    first = Path(roots[sorted(roots)[0]])
+    first.parent.mkdir(parents=True, exist_ok=True)
+    return first.parent
+
+
+def restore(store: CacheStore, factors: cachekey.Factors, roots: Mapping[str, Path],
+            verify_key: Ed25519PublicKey, settings: RestoreSettings = RestoreSettings()) -> RestoreResult:
+    """Find, verify, extract and install the bundle for this node; never raises for cache problems."""
+    if not roots:
+        raise ValueError("restore needs at least one cache root")
+    start = time.monotonic()
+    roots = {n: Path(p) for n, p in roots.items()}
+    try:
+        manifest = choose(store, factors, verify_key)
+        staging = Path(tempfile.mkdtemp(prefix=".nodewarm-restore-", dir=_staging_parent(roots)))
+        try:
+            archive = staging / "bundle.tar.zst"
+            _download_verified(store, manifest, archive, settings.max_archive_bytes)
+            extracted = bundle.extract(archive, staging / "tree", settings.limits)
+            wanted = {n: p for n, p in roots.items() if n in extracted.roots}
+            skipped = sorted(set(extracted.roots) - set(wanted))
+            moved = bundle.install(staging / "tree", wanted)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except NodewarmError as e:
+        result = RestoreResult("cold", e.reason, " ".join(str(e).split()),
+                               mismatches=tuple(getattr(e, "mismatches", ())),
+                               seconds=time.monotonic() - start, baseline=hitcheck.snapshot(roots))
+        log.warning("compilecache.restore.cold", reason=result.reason, message=result.message)
+        return result
+    result = RestoreResult(
+        "restored", "Restored", f"restored {extracted.files} files into {', '.join(sorted(wanted))}"
+        + (f"; bundle roots with no local dir skipped: {skipped}" if skipped else ""),
+        envelope_key=envelope_key(cachekey.prefix(factors, store.root), manifest.key_id), sha256=manifest.sha256,
+        files=extracted.files, bytes=extracted.bytes, hash_dirs=manifest.hash_dirs,
+        seconds=time.monotonic() - start, baseline=hitcheck.snapshot(roots),
+    )
+    log.info("compilecache.restore.done", key=result.envelope_key, files=result.files, bytes=result.bytes,
+             moved={k: v[0] for k, v in moved.items()}, kept={k: v[1] for k, v in moved.items()},
+             hash_dirs=list(result.hash_dirs), seconds=round(result.seconds, 3))
+    return result
+
+
+def restore_for_node(uri: str, verify_key: str, spec: cachekey.ServingSpec, dirs: bundle.CacheDirs,
+                     probe: cachekey.RuntimeProbe | None = None, env: Mapping[str, str] | None = None,
+                     settings: RestoreSettings = RestoreSettings()) -> RestoreResult:
+    """The node agent's entry point, after the weights: profile values in, a result for the condition out.
+
+    ``uri`` and ``verify_key`` are the profile's compileCache.uri and compileCache.verifyKey. ``probe``
+    and ``env`` describe the serving runtime (from `compile-cache key --runtime-only` run in the
+    serving image); by default this process is probed. A bad URI or key is reported as a cold
+    result too: the weights still warm.
+    """
+    env = os.environ if env is None else env
+    roots = dirs.roots()
+    try:
+        store = CacheStore(parse_uri(uri))
+        key = signing.load_public(verify_key)
+    except NodewarmError as e:
+        return RestoreResult("cold", e.reason, " ".join(str(e).split()), baseline=hitcheck.snapshot(roots))
+    factors = cachekey.build_factors(probe or cachekey.probe_runtime(), spec, env)
+    return restore(store, factors, roots, key, settings)
