@@ -9,7 +9,7 @@ import sys
 from . import __version__, logs
 from .errors import NodewarmError
 
-# (module, attribute): each exposes register(subparsers) adding parsers whose `func(args) -> int` runs.
+# Each module exposes register(subparsers), adding parsers whose `func(args) -> int` runs.
 # Order is the order shown in --help.
 TOP_LEVEL = [
     "nodewarm.nodeclasses.cli",   # render
@@ -40,14 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in TOP_LEVEL:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            # Only tolerate the part itself being absent (a trimmed install), never a broken import inside it.
-            if not name.startswith(e.name or "\0"):
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,0 +1,124 @@
+"""The node agent: weights -> compile caches -> the node's `nodewarm.io/Warm` condition.
+
+This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mode) run as
+`nodewarm bootstrap run`. The order matters: the weights are the part that can fail the node (not
+NVMe, too small, S3 errors); a compile-cache problem only makes the first compile cold, so it is
+reported but never fails the warm-up. Whatever happens, the outcome ends up in the condition, so the
+controller (which alone may lift the taint) knows what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from . import bundle, cachekey, restore
+from .weights import WeightsConfig, WeightsSummary, warm_weights
+
+log = logs.get("bootstrap.agent")
+
+MODEL_MOUNT = "/models"   # where the vLLM pod mounts the weights (nodeclasses.vllm): part of the cache key
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    profile: str
+    model_uri: str
+    dest: Path
+    mount: Path
+    node_name: str
+    compile_cache_uri: str | None = None
+    verify_key: str | None = None
+    spec: cachekey.ServingSpec | None = None        # None: derived from the profile name, TP 1
+    allow_non_nvme: bool = False
+    load_check: bool = True
+    host_root: Path = Path("/")
+    runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
+    pod_user: str = "root"     # the vLLM container's user: Inductor names its headers dir after it
+
+    @property
+    def cache_dirs(self) -> bundle.CacheDirs:
+        """The host side of the vLLM pod's /compile-cache hostPath (XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR,
+        TRITON_CACHE_DIR and TMPDIR as nodeclasses.vllm sets them)."""
+        base = self.mount / "compile-cache"
+        return bundle.CacheDirs(vllm_root=base / "vllm", inductor=base / "inductor", triton=base / "triton",
+                                pch=base / "tmp" / f"torchinductor_{self.pod_user}" / "precompiled_headers")
+
+    def serving_spec(self) -> cachekey.ServingSpec:
+        return self.spec or cachekey.ServingSpec(model=f"{MODEL_MOUNT}/{self.profile}")
+
+
+@dataclass
+class AgentResult:
+    warm: bool
+    reason: str
+    message: str
+    weights: WeightsSummary | None = None
+    cache: restore.RestoreResult | None = None
+    timeline: dict[str, str] = field(default_factory=dict)
+
+    def annotations(self) -> dict[str, str]:
+        out = {"nodewarm.io/timeline": json.dumps(self.timeline, separators=(",", ":"))}
+        if self.cache is not None:
+            # "cold" until serving proves otherwise; verify-hit later turns it into hit/miss.
+            out["nodewarm.io/compile-cache"] = "restored" if self.cache.status == "restored" else "cold"
+            out["nodewarm.io/compile-cache-reason"] = self.cache.reason
+        if self.weights is not None:
+            out["nodewarm.io/weights"] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
+                                                     "downloadedBytes": self.weights.downloaded_bytes,
+                                                     "mbps": self.weights.throughput_mb_s},
+                                                    separators=(",", ":"))
+        return out
+
+
+def _stamp() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def warm(cfg: AgentConfig) -> AgentResult:
+    """Run both phases; never raises for a node-side failure (it becomes the result)."""
+    timeline = {"agent_started": _stamp()}
+    try:
+        summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest, allow_non_nvme=cfg.allow_non_nvme,
+                                             host_root=cfg.host_root, load_check=cfg.load_check))
+    except NodewarmError as e:
+        log.error("agent.weights_failed", reason=e.reason, error=str(e))
+        timeline["weights_failed"] = _stamp()
+        return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}", timeline=timeline)
+    timeline["weights_done"] = _stamp()
+
+    cache = None
+    if cfg.compile_cache_uri:
+        if not cfg.verify_key:
+            cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
+                                          "bundles are never restored")
+        else:
+            probe, env = cfg.runtime if cfg.runtime else (None, None)
+            cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
+                                             cfg.cache_dirs, probe, env)
+        timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
+        log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
+
+    message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
+               f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")
+    if cache is not None:
+        message += "; " + cache.condition_message()
+    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, timeline=timeline)
+
+
+def run(cfg: AgentConfig, api_client) -> AgentResult:
+    """warm(), then report it on this node with the node's own identity."""
+    from .nodestatus import report_warm
+
+    start = time.monotonic()
+    result = warm(cfg)
+    result.timeline["warm_reported"] = _stamp()
+    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, result.annotations())
+    log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))
+    return result

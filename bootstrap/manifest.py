@@ -1,0 +1,186 @@
+"""What the model is (the S3 listing), what we already have (the local manifest), and what to fetch.
+
+Pure except for loading and saving the local manifest. The local manifest records, per file, the S3
+identity (ETag, VersionId, size, checksum) it was verified against and the file's size and mtime when
+we wrote it, so a restart on the same node plans nothing and an object replaced at the same key is
+fetched again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import posixpath
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nodewarm.errors import NodewarmError
+
+MANIFEST_VERSION = 1
+
+# With safetensors present these are redundant copies of the same weights that vLLM never reads.
+REDUNDANT_WEIGHT_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.gguf")
+
+
+class InvalidModelSource(NodewarmError):
+    reason = "InvalidModelSource"
+
+
+@dataclass(frozen=True)
+class S3Uri:
+    bucket: str
+    prefix: str  # "" or ends with "/"
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def parse_s3_uri(uri: str) -> S3Uri:
+    if not uri.startswith("s3://"):
+        raise InvalidModelSource(f"--uri {uri!r} is not an s3://BUCKET/PREFIX/ URI")
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise InvalidModelSource(f"--uri {uri!r} has no bucket")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"  # a model is a folder; 'models/llama' must not also match 'models/llama-70b/...'
+    return S3Uri(bucket, prefix)
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """One object of the model, as S3 describes it (listing + HEAD with ChecksumMode)."""
+
+    key: str
+    rel_path: str
+    size: int
+    etag: str  # without quotes
+    version_id: str | None = None
+    checksum_algorithm: str | None = None  # CRC32 | CRC32C | CRC64NVME | SHA1 | SHA256
+    checksum: str | None = None  # base64, "-N" suffix when composite
+    checksum_type: str | None = None  # FULL_OBJECT | COMPOSITE
+    first_part_size: int | None = None  # multipart objects: size of part 1, to recompute "-N" values
+    encrypted_etag: bool = False  # SSE-KMS / SSE-C: the ETag is not an MD5 of the bytes
+
+    @property
+    def parts_count(self) -> int | None:
+        for value in (self.etag, self.checksum or ""):
+            if "-" in value:
+                return int(value.rsplit("-", 1)[1])
+        return None
+
+
+@dataclass(frozen=True)
+class LocalEntry:
+    """A file we wrote and verified: which S3 identity it matches, and what it looked like on disk."""
+
+    rel_path: str
+    key: str
+    size: int
+    etag: str
+    version_id: str | None
+    checksum: str | None
+    verified_by: str
+    mtime_ns: int
+
+    def same_object(self, obj: RemoteObject) -> bool:
+        return (self.key, self.size, self.etag, self.version_id, self.checksum) == (
+            obj.key, obj.size, obj.etag, obj.version_id, obj.checksum)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    obj: RemoteObject
+    why: str  # "new" | "changed" | "missing-locally" | "modified-locally"
+
+
+@dataclass(frozen=True)
+class Plan:
+    fetch: tuple[Fetch, ...]
+    keep: tuple[RemoteObject, ...]
+    remove: tuple[str, ...]  # rel paths we wrote earlier whose object is gone from S3
+
+    @property
+    def fetch_bytes(self) -> int:
+        return sum(f.obj.size for f in self.fetch)
+
+    @property
+    def changed(self) -> int:
+        return sum(1 for f in self.fetch if f.why == "changed")
+
+
+@dataclass
+class LocalManifest:
+    uri: str
+    entries: dict[str, LocalEntry] = field(default_factory=dict)
+
+
+def rel_path_for(key: str, prefix: str) -> str:
+    """The path under DEST for ``key``; refuses keys that would escape DEST."""
+    rel = key[len(prefix):]
+    norm = posixpath.normpath(rel) if rel else ""
+    if not rel or rel.startswith("/") or norm != rel or norm.startswith("../") or norm == ".." or "\\" in rel:
+        raise InvalidModelSource(f"object key {key!r} does not map to a safe path under the destination")
+    if rel.split("/", 1)[0] == ".nodewarm":
+        raise InvalidModelSource(f"object key {key!r} collides with nodewarm's own .nodewarm/ folder")
+    return rel
+
+
+def select(keys: list[str], prefix: str, exclude: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Split listed keys into (wanted, skipped). Folder markers and redundant weight formats are skipped."""
+    keys = [k for k in keys if not k.endswith("/")]
+    names = [posixpath.basename(k) for k in keys]
+    patterns = tuple(exclude)
+    if any(n.endswith(".safetensors") for n in names):
+        patterns += REDUNDANT_WEIGHT_FORMATS
+    wanted, skipped = [], []
+    for key, name in zip(keys, names):
+        rel = key[len(prefix):]
+        (skipped if any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(rel, p) for p in patterns) else wanted).append(key)
+    return wanted, skipped
+
+
+def plan(remote: list[RemoteObject], local: LocalManifest, on_disk: dict[str, tuple[int, int]]) -> Plan:
+    """Decide per object: keep (same S3 identity, file untouched since we verified it) or fetch.
+
+    ``on_disk`` maps rel path -> (size, mtime_ns) of the files present now.
+    """
+    fetch, keep = [], []
+    for obj in remote:
+        entry = local.entries.get(obj.rel_path)
+        if entry is None:
+            fetch.append(Fetch(obj, "new"))
+        elif not entry.same_object(obj):
+            fetch.append(Fetch(obj, "changed"))
+        elif obj.rel_path not in on_disk:
+            fetch.append(Fetch(obj, "missing-locally"))
+        elif on_disk[obj.rel_path] != (entry.size, entry.mtime_ns):
+            fetch.append(Fetch(obj, "modified-locally"))
+        else:
+            keep.append(obj)
+    wanted = {o.rel_path for o in remote}
+    remove = tuple(sorted(p for p in local.entries if p not in wanted))
+    return Plan(tuple(fetch), tuple(keep), remove)
+
+
+def load_local(path: Path, uri: str) -> LocalManifest:
+    """The manifest of an earlier run into the same DEST; empty when absent, unreadable or for another URI."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("version") != MANIFEST_VERSION or doc.get("uri") != uri:
+            return LocalManifest(uri)
+        return LocalManifest(uri, {e["rel_path"]: LocalEntry(**e) for e in doc["files"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        return LocalManifest(uri)
+
+
+def save_local(path: Path, manifest: LocalManifest) -> None:
+    """Atomically replace the manifest (temp, fsync, rename) so a crash never leaves half of one."""
+    doc = {"version": MANIFEST_VERSION, "uri": manifest.uri,
+           "files": [asdict(e) for _, e in sorted(manifest.entries.items())]}
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,206 @@
+"""Talking to S3: the boto3 client, what each failure means, retries with backoff, and the listing.
+
+A plain boto3 client on purpose: boto3's transfer manager switches to the CRT on p4d/p5/p6 when awscrt
+is installed and then drops our settings (see shared/reference/testenv.md); a plain client with our own
+threads behaves the same on a p5 as in tests. Endpoint, credentials and region come from the standard
+AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION...), read by botocore.
+botocore's own retries are off: ours classify errors (no retry storm on bad credentials) and back off
+with jitter.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import boto3
+import urllib3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from .manifest import RemoteObject, S3Uri, rel_path_for, select
+
+log = logs.get("bootstrap.s3")
+T = TypeVar("T")
+
+
+class S3AccessDenied(NodewarmError):
+    reason = "S3AccessDenied"
+
+
+class S3ObjectMissing(NodewarmError):
+    reason = "S3ObjectMissing"
+
+
+class ObjectChanged(NodewarmError):
+    reason = "ObjectChanged"
+
+
+class S3Unavailable(NodewarmError):
+    reason = "S3Unavailable"
+
+
+class Cancelled(Exception):
+    """Another worker failed for good; stop quietly."""
+
+
+class Retryable(Exception):
+    """A transient failure found by our own checks (short body, too slow)."""
+
+
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+               "TokenRefreshRequired", "AllAccessDisabled", "AccountProblem", "InvalidClientTokenId",
+               "UnrecognizedClientException"}
+_MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NoSuchVersion", "404", "NotFound"}
+_CHANGED_CODES = {"PreconditionFailed", "412"}
+_RETRY_CODES = {"SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable",
+                "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+                "OperationAborted", "BadDigest", "IncompleteBody"}
+
+
+def classify(exc: BaseException) -> str:
+    """'auth' | 'missing' | 'changed' | 'retry' | 'fatal' for an exception from a boto3 call."""
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return "auth"
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in _AUTH_CODES or status in (401, 403):
+            return "auth"
+        if code in _MISSING_CODES or status == 404:
+            return "missing"
+        if code in _CHANGED_CODES or status == 412:
+            return "changed"
+        if code in _RETRY_CODES or status >= 500 or status == 429:
+            return "retry"
+        return "fatal"
+    if isinstance(exc, (BotoCoreError, OSError, Retryable, urllib3.exceptions.HTTPError)):
+        # Connection reset/refused, read timeouts, truncated bodies; urllib3's own errors come from
+        # reading the body stream directly (s3pull).
+        return "retry"
+    return "fatal"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 8
+    base_s: float = 0.25
+    cap_s: float = 10.0
+
+    def delay(self, attempt: int) -> float:
+        # Full jitter: hundreds of nodes scaled up together must not hit S3 in lockstep.
+        return random.uniform(0, min(self.cap_s, self.base_s * 2**attempt))
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+        return f"{err.get('Code', '?')} (HTTP {status}): {err.get('Message', '')}".rstrip(": ")
+    return f"{type(exc).__name__}: {exc}"
+
+
+def fatal_error(kind: str, what: str, exc: BaseException) -> NodewarmError:
+    if kind == "auth":
+        return S3AccessDenied(f"{what}: {describe(exc)}; check the node role / AWS credentials and the bucket "
+                              "policy (s3:ListBucket on the bucket, s3:GetObject on the prefix)")
+    if kind == "missing":
+        return S3ObjectMissing(f"{what}: {describe(exc)} (deleted or renamed while we were pulling?)")
+    if kind == "changed":
+        return ObjectChanged(f"{what}: the object changed while we were pulling it; run again to fetch the new version")
+    return S3Unavailable(f"{what}: {describe(exc)}")
+
+
+def call_with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy,
+                      cancelled: threading.Event | None = None) -> T:
+    """Run ``fn`` until it succeeds, fails for good (auth, missing, changed) or runs out of attempts."""
+    for attempt in range(policy.attempts):
+        if cancelled is not None and cancelled.is_set():
+            raise Cancelled()
+        try:
+            return fn()
+        except (NodewarmError, Cancelled):
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified right here
+            kind = classify(exc)
+            if kind != "retry":
+                raise fatal_error(kind, what, exc) from exc
+            if attempt + 1 == policy.attempts:
+                raise S3Unavailable(f"{what}: gave up after {policy.attempts} attempts: {describe(exc)}") from exc
+            delay = policy.delay(attempt)
+            log.warning("s3.retry", what=what, attempt=attempt + 1, error=describe(exc), backoff_s=round(delay, 3))
+            if cancelled is not None:
+                if cancelled.wait(delay):
+                    raise Cancelled()
+            else:
+                time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float):
+    """A plain S3 client from the standard AWS environment; one per pull, shared by its threads."""
+    config = Config(
+        max_pool_connections=pool_size,
+        connect_timeout=connect_timeout_s,
+        # Socket-level: a connection that sends nothing for this long is a stall, retried elsewhere.
+        read_timeout=read_timeout_s,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        tcp_keepalive=True,
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+def _head(client, bucket: str, key: str, prefix: str, policy: RetryPolicy) -> RemoteObject:
+    h = call_with_retries(lambda: client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED"),
+                          f"HEAD s3://{bucket}/{key}", policy)
+    algo = next((a for a in ("CRC64NVME", "CRC32C", "CRC32", "SHA256", "SHA1") if h.get(f"Checksum{a}")), None)
+    etag = h.get("ETag", "").strip('"')
+    obj = RemoteObject(
+        key=key,
+        rel_path=rel_path_for(key, prefix),
+        size=int(h["ContentLength"]),
+        etag=etag,
+        version_id=h.get("VersionId"),
+        checksum_algorithm=algo,
+        checksum=h.get(f"Checksum{algo}") if algo else None,
+        checksum_type=h.get("ChecksumType"),
+        encrypted_etag=h.get("ServerSideEncryption", "").startswith("aws:kms") or bool(h.get("SSECustomerAlgorithm")),
+    )
+    if obj.parts_count:
+        # Part 1's size lets us recompute "-N" ETags and composite checksums without one HEAD per part.
+        p1 = call_with_retries(lambda: client.head_object(Bucket=bucket, Key=key, PartNumber=1),
+                               f"HEAD s3://{bucket}/{key}?partNumber=1", policy)
+        obj = RemoteObject(**{**obj.__dict__, "first_part_size": int(p1["ContentLength"])})
+    return obj
+
+
+def list_model(client, uri: S3Uri, policy: RetryPolicy, workers: int = 16,
+               exclude: tuple[str, ...] = ()) -> tuple[list[RemoteObject], list[str]]:
+    """List the prefix and HEAD each wanted object (VersionId and checksums are not in the listing).
+
+    Returns (objects sorted by key, skipped keys).
+    """
+    keys: list[str] = []
+    token = None
+    while True:
+        kwargs = {"Bucket": uri.bucket, "Prefix": uri.prefix}
+        if token:
+            kwargs["ContinuationToken"] = token
+        page = call_with_retries(lambda: client.list_objects_v2(**kwargs), f"list {uri}", policy)
+        keys += [o["Key"] for o in page.get("Contents", [])]
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            break
+    wanted, skipped = select(keys, uri.prefix, exclude)
+    if not wanted:
+        raise S3ObjectMissing(f"nothing to pull under {uri} (listed {len(keys)} keys); check --uri")
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(wanted)))) as pool:
+        objects = list(pool.map(lambda k: _head(client, uri.bucket, k, uri.prefix, policy), wanted))
+    return sorted(objects, key=lambda o: o.key), skipped

@@ -1,0 +1,437 @@
+"""The transfer: parallel ranged GETs across and within files into preallocated temp files.
+
+Each file is split into parts; one shared pool of threads works through all parts of all files, so a
+model of one huge file and one of many shards both keep every connection busy. Finished parts are
+journaled next to the temp file, so a restart resumes at part granularity. A file becomes visible under
+its real name only after fsync and verification (verify.py), by rename; nothing half-written ever has a
+final name. Whole-file hashes (MD5 ETags, SHA) are fed while the file downloads, from the page cache as
+the contiguous prefix grows, so verification finishes with the transfer instead of after it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import math
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from .capacity import InsufficientNVMe
+from .manifest import RemoteObject
+from .progress import Progress
+from .s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
+from .verify import StreamHash, VerifyFailed, method_for, verify_file
+
+log = logs.get("bootstrap.weights")
+
+MiB = 1024**2
+READ_CHUNK = 1 * MiB
+PARTIAL_DIR = ".nodewarm/partial"
+
+
+class LocalWriteFailed(NodewarmError):
+    reason = "LocalWriteFailed"
+
+
+@dataclass(frozen=True)
+class PullConfig:
+    concurrency: int = 32
+    part_size: int = 16 * MiB
+    connect_timeout_s: float = 5.0
+    stall_timeout_s: float = 10.0  # no byte for this long on a connection: drop it and retry the part
+    request_timeout_s: float = 120.0  # one ranged GET may take no longer than this
+    low_speed_limit_bps: float = 1e6  # like the streamer's S3_LOW_SPEED_LIMIT: slower than this ...
+    low_speed_time_s: float = 10.0  # ... for this long: drop the connection and retry the part
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    verify_workers: int = 4
+
+
+def default_config(total_bytes: int, largest_bytes: int, cpus: int, **overrides) -> PullConfig:
+    """Part size and concurrency from the model's size and the CPU count (pure).
+
+    Start from the reference's concurrency = ceil(size / part), capped at 8 connections per CPU and 64
+    in all: the threads share one GIL, and measured on 2 cores 16 connections were as fast as 32 or 64
+    while costing more CPU. 8-16 MiB parts are S3's sweet spot for ranged GETs.
+    """
+    part = 8 * MiB if largest_bytes <= 1024 * MiB else 16 * MiB
+    concurrency = max(1, min(64, 8 * cpus, math.ceil(total_bytes / part)))
+    return PullConfig(**{"concurrency": concurrency, "part_size": part, **overrides})
+
+
+@dataclass(frozen=True)
+class PulledFile:
+    obj: RemoteObject
+    path: Path
+    verified_by: str
+    resumed_bytes: int
+    fsync_s: float
+    verify_s: float
+
+
+def partial_paths(dest: Path, rel_path: str) -> tuple[Path, Path]:
+    temp = dest / PARTIAL_DIR / (rel_path + ".part")
+    return temp, temp.with_name(temp.name + ".journal")
+
+
+class _File:
+    """One object being written: its temp file, which parts are still missing, its journal."""
+
+    def __init__(self, obj: RemoteObject, dest: Path, part_size: int):
+        self.obj, self.final = obj, dest / obj.rel_path
+        self.temp, self.journal_path = partial_paths(dest, obj.rel_path)
+        self.lock = threading.Lock()
+        self.header = {"key": obj.key, "etag": obj.etag, "version_id": obj.version_id, "size": obj.size,
+                       "part_size": part_size}
+        done = self._load_journal()
+        if done is None:
+            done = set()
+            self._reset()
+        self.part_size = self.header["part_size"]
+        self.n_parts = math.ceil(obj.size / self.part_size)
+        self.done = {i for i in done if i < self.n_parts}
+        self.missing = [i for i in range(self.n_parts) if i not in self.done]
+        self.remaining = len(self.missing)
+        self.resumed_bytes = sum(self.part_len(i) for i in self.done)
+        self.method = method_for(obj)
+        self.hash_lock = threading.Lock()
+        self._start_hash()
+        self.fd = os.open(self.temp, os.O_RDWR)
+        self.journal = open(self.journal_path, "a")
+
+    def _start_hash(self) -> None:
+        self.stream = StreamHash(self.method) if StreamHash.applies(self.method) else None
+        self.hashed_to = 0  # bytes fed to self.stream, always at a part boundary
+        self.finishing = False
+
+    def hash_ready_parts(self) -> None:
+        """Feed the stream hash every part that now continues the hashed prefix (from the page cache).
+
+        Whoever holds hash_lock hashes; a thread that finds it taken leaves its part to the holder,
+        which looks again after releasing, so no landed part is left behind.
+        """
+        if self.stream is None:
+            return
+        while self.hash_lock.acquire(blocking=False):
+            try:
+                while (i := self._next_to_hash()) is not None:
+                    self.stream.update_from(self.fd, self.hashed_to, self.part_len(i))
+                    self.hashed_to += self.part_len(i)
+            finally:
+                self.hash_lock.release()
+            if self._next_to_hash() is None:
+                return
+
+    def _next_to_hash(self) -> int | None:
+        with self.lock:
+            if self.hashed_to >= self.obj.size:
+                return None
+            i = self.hashed_to // self.part_size
+            return i if i in self.done else None
+
+    def claim_finish(self) -> bool:
+        """True exactly once: when every part is on disk and hashed."""
+        with self.lock:
+            hashed = self.stream is None or self.hashed_to == self.obj.size
+            if self.remaining or not hashed or self.finishing:
+                return False
+            self.finishing = True
+            return True
+
+    def _load_journal(self) -> set[int] | None:
+        """Parts already on disk from an earlier run for the very same object version, else None."""
+        try:
+            lines = self.journal_path.read_text().splitlines()
+            header = json.loads(lines[0])
+            if self.temp.stat().st_size != self.obj.size:
+                return None
+        except (OSError, ValueError, IndexError):
+            return None
+        if {k: header.get(k) for k in ("key", "etag", "version_id", "size")} != \
+                {k: self.header[k] for k in ("key", "etag", "version_id", "size")}:
+            return None
+        self.header["part_size"] = int(header["part_size"])  # resume needs the earlier layout
+        return {int(line) for line in lines[1:] if line.strip().isdigit()}
+
+    def _reset(self) -> None:
+        self.temp.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if self.obj.size:
+                # Claim the space now: a full disk fails here, before any download, not midway.
+                os.posix_fallocate(fd, 0, self.obj.size)
+        except OSError as e:
+            raise _write_error(e, self.temp) from e
+        finally:
+            os.close(fd)
+        self.journal_path.write_text(json.dumps(self.header) + "\n")
+
+    def part_len(self, i: int) -> int:
+        return min(self.part_size, self.obj.size - i * self.part_size)
+
+    def restart(self) -> None:
+        """Forget every part (verification failed): download the whole file again."""
+        self.close()
+        self._reset()
+        self.done = set()
+        self.missing = list(range(self.n_parts))
+        self.remaining = len(self.missing)
+        self.resumed_bytes = 0
+        self._start_hash()
+        self.fd = os.open(self.temp, os.O_RDWR)
+        self.journal = open(self.journal_path, "a")
+
+    def close(self) -> None:
+        # Idempotent: closing a stale fd number twice could close a socket that reused it.
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.journal.close()
+
+
+def _write_error(e: OSError, path: Path) -> NodewarmError:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientNVMe(f"disk full while writing {path}: {e.strerror}")
+    return LocalWriteFailed(f"cannot write {path}: {e.strerror or e}")
+
+
+_sync_file_range = getattr(ctypes.CDLL(None), "sync_file_range", None)
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Queue a finished part for writeback now, without waiting (Linux sync_file_range), so the file's
+    fsync before rename finds little left to flush: measured here, fsync time fell from ~0.6 s to
+    ~0.03 s per GiB and the verified pull got ~1.6x faster. Advisory: errors are ignored."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), _SYNC_FILE_RANGE_WRITE)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Pull:
+    def __init__(self, client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
+                 progress: Progress, on_file: Callable[[PulledFile], None]):
+        self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
+        self.progress, self.on_file = progress, on_file
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.all_done = threading.Event()
+        self.tasks: queue.Queue = queue.Queue()
+        self.files: list[_File] = []
+        self.retried_verify: set[str] = set()
+        try:
+            for obj in objects:
+                self.files.append(_File(obj, dest, config.part_size))
+        except BaseException as e:
+            self._close_all()
+            if isinstance(e, InsufficientNVMe):
+                _discard_partials(dest, objects)
+            raise
+        self.pending = len(self.files)
+
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = exc
+        self.cancelled.set()
+        self.all_done.set()
+
+    def _close_all(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def _get_part(self, f: _File, i: int) -> None:
+        off, length = i * f.part_size, f.part_len(i)
+        kwargs = {"Bucket": self.bucket, "Key": f.obj.key, "Range": f"bytes={off}-{off + length - 1}"}
+        if f.obj.version_id:
+            kwargs["VersionId"] = f.obj.version_id  # a new upload mid-run cannot mix into this file
+        elif f.obj.etag:
+            kwargs["IfMatch"] = f'"{f.obj.etag}"'
+        cfg = self.cfg
+
+        def attempt() -> None:
+            got = 0
+            resp = self.client.get_object(**kwargs)
+            body = resp["Body"]
+            # urllib3's read1 returns whatever has arrived: a fixed-size read would block until it is full,
+            # so a connection trickling bytes (never silent, so no read timeout) would dodge the low-speed
+            # and deadline checks below for as long as it takes to fill the buffer.
+            stream = body._raw_stream
+            try:
+                etag = resp.get("ETag", "").strip('"')
+                if etag and f.obj.etag and etag != f.obj.etag:
+                    # Servers that ignore If-Match (and unversioned buckets) still tell us via the ETag.
+                    raise ObjectChanged(f"s3://{self.bucket}/{f.obj.key} changed while we were pulling it "
+                                        f"(ETag {f.obj.etag} -> {etag}); run again to fetch the new version")
+                served = resp.get("ContentRange", f"bytes 0-{f.obj.size - 1}/{f.obj.size}")
+                if not served.startswith(f"bytes {off}-{off + length - 1}/"):
+                    raise S3Unavailable(f"s3://{self.bucket}/{f.obj.key}: asked for bytes {off}-{off + length - 1}, "
+                                        f"the server sent {served!r}; it does not honour Range requests")
+                start = mark_t = time.monotonic()
+                mark_bytes = 0
+                while got < length:
+                    if self.cancelled.is_set():
+                        raise Cancelled()
+                    data = stream.read1(min(READ_CHUNK, length - got))
+                    if not data:
+                        raise Retryable(f"body ended after {got} of {length} bytes")
+                    self._write(f, memoryview(data), off + got)
+                    got += len(data)
+                    self.progress.add(len(data))
+                    now = time.monotonic()
+                    if now - start > cfg.request_timeout_s:
+                        raise Retryable(f"part took longer than {cfg.request_timeout_s}s")
+                    if now - mark_t >= cfg.low_speed_time_s:
+                        if (got - mark_bytes) / (now - mark_t) < cfg.low_speed_limit_bps:
+                            raise Retryable(f"slower than {cfg.low_speed_limit_bps / 1e6:g} MB/s "
+                                            f"for {cfg.low_speed_time_s:g}s")
+                        mark_t, mark_bytes = now, got
+            except BaseException:
+                self.progress.add(-got)  # those bytes are fetched again
+                raise
+            finally:
+                body.close()
+
+        call_with_retries(attempt, f"GET s3://{self.bucket}/{f.obj.key} bytes {off}-{off + length - 1}",
+                          cfg.retry, self.cancelled)
+
+    def _write(self, f: _File, data: memoryview, offset: int) -> None:
+        try:
+            while data:
+                n = os.pwrite(f.fd, data, offset)
+                data, offset = data[n:], offset + n
+        except OSError as e:
+            raise _write_error(e, f.temp) from e
+
+    def _worker(self, verifier: ThreadPoolExecutor) -> None:
+        while True:
+            item = self.tasks.get()
+            if item is None or self.cancelled.is_set():
+                return
+            f, i = item
+            try:
+                self._get_part(f, i)
+                _start_writeback(f.fd, i * f.part_size, f.part_len(i))
+                with f.lock:
+                    f.journal.write(f"{i}\n")
+                    f.journal.flush()
+                    f.done.add(i)
+                    f.remaining -= 1
+                f.hash_ready_parts()
+                if f.claim_finish():
+                    verifier.submit(self._finish, f)
+            except Cancelled:
+                return
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                self.fail(e)
+                return
+
+    def _resume(self, f: _File) -> None:
+        try:
+            f.hash_ready_parts()
+            if f.claim_finish():
+                self._finish(f)
+        except BaseException as e:  # noqa: BLE001
+            self.fail(e)
+
+    def _finish(self, f: _File) -> None:
+        """fsync, verify, rename: the only way a file gets its final name."""
+        try:
+            start = time.monotonic()
+            try:
+                os.fsync(f.fd)
+            except OSError as e:
+                raise _write_error(e, f.temp) from e
+            synced = time.monotonic()
+            try:
+                method = verify_file(f.temp, f.obj, streamed=f.stream)
+            except VerifyFailed as e:
+                if f.obj.rel_path in self.retried_verify:
+                    raise
+                # Once per file: a resumed temp file may hold parts of a run that died mid-write.
+                self.retried_verify.add(f.obj.rel_path)
+                log.warning("weights.verify_retry", file=f.obj.rel_path, error=str(e))
+                self.progress.add(-f.obj.size)  # resumed and fetched bytes alike: all of it comes again
+                f.restart()
+                for i in f.missing:
+                    self.tasks.put((f, i))
+                return
+            verified = time.monotonic()
+            f.final.parent.mkdir(parents=True, exist_ok=True)
+            f.close()
+            os.replace(f.temp, f.final)
+            _fsync_dir(f.final.parent)
+            f.journal_path.unlink(missing_ok=True)
+            self.on_file(PulledFile(f.obj, f.final, method, f.resumed_bytes, synced - start, verified - synced))
+            with self.lock:
+                self.pending -= 1
+                if self.pending == 0:
+                    self.all_done.set()
+        except BaseException as e:  # noqa: BLE001
+            self.fail(e)
+
+    def run(self) -> None:
+        verifier = ThreadPoolExecutor(max_workers=self.cfg.verify_workers, thread_name_prefix="verify")
+        threads = [threading.Thread(target=self._worker, args=(verifier,), name=f"s3get-{n}", daemon=True)
+                   for n in range(self.cfg.concurrency)]
+        try:
+            for f in self.files:
+                self.progress.add(f.resumed_bytes)
+                if f.done or f.remaining == 0:
+                    verifier.submit(self._resume, f)  # hash what an earlier run left (or an empty file)
+                for i in f.missing:
+                    self.tasks.put((f, i))
+            if not self.files:
+                self.all_done.set()
+            for t in threads:
+                t.start()
+            self.all_done.wait()
+        except BaseException as e:  # KeyboardInterrupt: stop the workers, keep partials for resume
+            self.fail(e)
+        finally:
+            for _ in threads:
+                self.tasks.put(None)
+            for t in threads:
+                t.join()
+            verifier.shutdown(wait=True)
+            self._close_all()
+        if self.error is not None:
+            if isinstance(self.error, InsufficientNVMe):
+                _discard_partials(self.dest, [f.obj for f in self.files])
+            raise self.error
+
+
+def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:
+    # The RAID also holds kubelet, containerd and pod logs: give the space back rather than keep
+    # partial files for a resume that cannot fit anyway.
+    for obj in objects:
+        for p in partial_paths(dest, obj.rel_path):
+            p.unlink(missing_ok=True)
+
+
+def pull(client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
+         progress: Progress, on_file: Callable[[PulledFile], None]) -> None:
+    """Download ``objects`` into ``dest`` (their rel paths), calling ``on_file`` as each one is verified.
+
+    Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
+    were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
+    a full disk).
+    """
+    _Pull(client, bucket, objects, dest, config, progress, on_file).run()

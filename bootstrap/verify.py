@@ -1,0 +1,197 @@
+"""Prove a downloaded file holds exactly the S3 object's bytes before it gets its real name.
+
+Strongest available evidence first: the object's S3 additional checksum (full-object, or composite
+"-N" recomputed per part), else the ETag when it is an MD5 (single part: MD5 of the bytes; multipart:
+MD5 of the part MD5s, "-N"), else the size alone (SSE-KMS/SSE-C objects without checksums).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from nodewarm.errors import NodewarmError
+
+from .manifest import RemoteObject
+
+READ_CHUNK = 8 * 1024 * 1024
+CRC_SEGMENT = 64 * 1024 * 1024
+
+
+class VerifyFailed(NodewarmError):
+    reason = "VerifyFailed"
+
+
+class _Crc:
+    """A CRC as a hashlib-like object; S3 sends the big-endian bytes, base64-encoded."""
+
+    def __init__(self, fn: Callable[[bytes, int], int], width: int):
+        self._fn, self._width, self._value = fn, width, 0
+
+    def update(self, data) -> None:
+        self._value = self._fn(data, self._value)
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(self._width, "big")
+
+
+def _crt(name: str) -> Callable[[bytes, int], int] | None:
+    try:
+        from awscrt import checksums
+    except ModuleNotFoundError:
+        return None
+    return getattr(checksums, name)
+
+
+def _hasher_factory(algorithm: str) -> Callable[[], object] | None:
+    """A constructor for a fresh hasher, or None when this install cannot compute ``algorithm``."""
+    if algorithm in ("CRC32", "CRC32C", "CRC64NVME"):
+        # awscrt's CRCs are hardware-accelerated; only CRC32 has a (slower) stdlib fallback, the
+        # others would crawl in pure Python.
+        fn = _crt(algorithm.lower()) or (zlib.crc32 if algorithm == "CRC32" else None)
+        width = 8 if algorithm == "CRC64NVME" else 4
+        return (lambda: _Crc(fn, width)) if fn else None
+    if algorithm in ("SHA1", "SHA256", "MD5"):
+        return lambda: hashlib.new(algorithm.lower())
+    return None
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a file will be checked: ``algorithm`` over parts of ``part_sizes`` (None: whole file)."""
+
+    name: str  # e.g. "checksum-crc32c", "checksum-crc32-composite", "etag-md5", "etag-md5-multipart", "size"
+    algorithm: str | None
+    expected: str | None
+    part_sizes: tuple[int, ...] | None = None
+
+
+def _part_sizes(obj: RemoteObject) -> tuple[int, ...] | None:
+    # Uploaders (aws CLI, boto3, huggingface) use one part size for all but the last part.
+    n, first = obj.parts_count, obj.first_part_size
+    if not n or not first:
+        return None
+    last = obj.size - first * (n - 1)
+    if not 0 < last <= first:
+        return None
+    return (first,) * (n - 1) + (last,)
+
+
+def method_for(obj: RemoteObject) -> Method:
+    """Choose the strongest check this object and this install support. Pure."""
+    if obj.checksum and obj.checksum_algorithm and _hasher_factory(obj.checksum_algorithm):
+        algo = obj.checksum_algorithm
+        if "-" not in obj.checksum:
+            return Method(f"checksum-{algo.lower()}", algo, obj.checksum)
+        sizes = _part_sizes(obj)
+        if sizes:
+            return Method(f"checksum-{algo.lower()}-composite", algo, obj.checksum, sizes)
+    if obj.etag and not obj.encrypted_etag:
+        if "-" not in obj.etag:
+            return Method("etag-md5", "MD5", obj.etag.lower())
+        sizes = _part_sizes(obj)
+        if sizes:
+            return Method("etag-md5-multipart", "MD5", obj.etag.lower(), sizes)
+    return Method("size", None, None)
+
+
+def _encode(algorithm: str, digest: bytes) -> str:
+    return digest.hex() if algorithm == "MD5" else base64.b64encode(digest).decode()
+
+
+def _hash_range(fd: int, offset: int, length: int, h):
+    buf = bytearray(min(READ_CHUNK, max(length, 1)))
+    view = memoryview(buf)
+    while length:
+        n = os.preadv(fd, [view[:min(length, len(buf))]], offset)
+        if not n:
+            raise VerifyFailed(f"file ended {length} bytes early while verifying")
+        h.update(view[:n])
+        offset, length = offset + n, length - n
+    return h
+
+
+def _ranges(sizes) -> list[tuple[int, int]]:
+    out, off = [], 0
+    for size in sizes:
+        out.append((off, size))
+        off += size
+    return out
+
+
+def _digest_file(path: Path, m: Method, size: int, workers: int) -> str:
+    """Hash ``path`` as S3 did. Independent pieces (S3 parts, CRC segments) are hashed in parallel:
+    hashlib and the CRCs release the GIL, so a multi-GB shard verifies at several cores' speed."""
+    new = _hasher_factory(m.algorithm)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            if m.part_sizes is not None:
+                parts = pool.map(lambda r: _hash_range(fd, r[0], r[1], new()).digest(), _ranges(m.part_sizes))
+                combined = new()
+                for digest in parts:
+                    combined.update(digest)
+                return f"{_encode(m.algorithm, combined.digest())}-{len(m.part_sizes)}"
+            combine = _crt(f"combine_{m.algorithm.lower()}") if m.algorithm.startswith("CRC") else None
+            if combine is None or size <= CRC_SEGMENT:
+                return _encode(m.algorithm, _hash_range(fd, 0, size, new()).digest())
+            segments = _ranges([CRC_SEGMENT] * (size // CRC_SEGMENT) + ([size % CRC_SEGMENT] if size % CRC_SEGMENT else []))
+            crcs = list(pool.map(lambda r: _hash_range(fd, r[0], r[1], new()).value, segments))
+            value = crcs[0]
+            for crc, (_, length) in zip(crcs[1:], segments[1:]):
+                value = combine(value, crc, length)
+            return _encode(m.algorithm, value.to_bytes(8 if m.algorithm == "CRC64NVME" else 4, "big"))
+    finally:
+        os.close(fd)
+
+
+class StreamHash:
+    """A whole-file hash fed in order while the file downloads, for methods that cannot be split
+    (MD5 of a single-part ETag, SHA full-object checksums): verification then ends with the download
+    instead of re-reading the file afterwards on one core."""
+
+    def __init__(self, m: Method):
+        self.method = m
+        self._h = _hasher_factory(m.algorithm)()
+
+    @staticmethod
+    def applies(m: Method) -> bool:
+        return m.algorithm in ("MD5", "SHA1", "SHA256") and m.part_sizes is None
+
+    def update_from(self, fd: int, offset: int, length: int) -> None:
+        _hash_range(fd, offset, length, self._h)
+
+    def value(self) -> str:
+        return _encode(self.method.algorithm, self._h.digest())
+
+
+def _check(obj: RemoteObject, m: Method, got: str) -> str:
+    if got != m.expected:
+        raise VerifyFailed(f"{obj.rel_path}: {m.name} is {got}, S3 says {m.expected} (corrupted in transit?)")
+    return m.name
+
+
+def verify_file(path: Path, obj: RemoteObject, workers: int = 4, streamed: StreamHash | None = None) -> str:
+    """Check ``path`` against ``obj``; returns the method name, raises VerifyFailed naming the file.
+
+    With ``streamed`` (the file's bytes already hashed in order as they landed) nothing is re-read.
+    """
+    size = path.stat().st_size
+    if size != obj.size:
+        raise VerifyFailed(f"{obj.rel_path}: {size} bytes on disk, S3 says {obj.size}")
+    m = method_for(obj)
+    if m.algorithm is None:
+        return m.name
+    if streamed is not None:
+        return _check(obj, m, streamed.value())
+    return _check(obj, m, _digest_file(path, m, size, workers))

@@ -1,0 +1,258 @@
+"""Warm the node with the model: NVMe proof, listing, plan, capacity, pull + verify, load check.
+
+``warm_weights`` is what the node agent calls (``nodewarm bootstrap weights`` is a thin CLI over it).
+It returns a ``WeightsSummary`` on success and raises a NodewarmError whose ``reason`` becomes the Node
+condition reason on failure; either way the summary is also written to DEST/.nodewarm/summary.json.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+
+from . import capacity, manifest, mounts, s3client, s3pull
+from .loadcheck import check_loadable
+from .progress import Progress
+
+log = logs.get("bootstrap.weights")
+
+STATE_DIR = ".nodewarm"
+MANIFEST_FILE = "manifest.json"
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    uri: str
+    dest: Path
+    allow_non_nvme: bool = False
+    mount_wait_s: float = 300.0
+    host_root: Path = Path("/")  # where /proc and /sys are read from (tests replay fixture trees)
+    headroom: capacity.Headroom = field(default_factory=capacity.Headroom)
+    # Fields of s3pull.PullConfig to force; the rest derive from the model's size.
+    pull_overrides: dict = field(default_factory=dict)
+    load_check: bool = True
+    exclude: tuple[str, ...] = ()
+    progress_interval_s: float = 5.0
+
+
+@dataclass
+class WeightsSummary:
+    ok: bool
+    reason: str  # "WeightsReady", or the failure's CamelCase reason
+    message: str
+    uri: str
+    dest: str
+    files: int = 0  # objects of the model, all present and verified when ok
+    bytes: int = 0
+    downloaded_files: int = 0
+    downloaded_bytes: int = 0  # object bytes transferred by this run (resumed parts not counted)
+    skipped: int = 0  # unchanged since an earlier run: not transferred
+    changed: int = 0  # same key, new ETag/VersionId/checksum: transferred again
+    removed: int = 0  # gone from S3: deleted locally
+    excluded: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    throughput_mb_s: float = 0.0  # downloaded_bytes over the download phase
+    phases: dict[str, float] = field(default_factory=dict)
+    # Summed over files, inside the download phase (overlapped with other files' transfers). verify_s is
+    # the final check only: whole-file hashes are computed while the bytes arrive.
+    fsync_s: float = 0.0
+    verify_s: float = 0.0
+    verified: dict[str, int] = field(default_factory=dict)  # method -> files verified by this run
+    storage: dict = field(default_factory=dict)
+    load_check: dict | None = None
+    pull: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+class _Phases:
+    def __init__(self, summary: WeightsSummary):
+        self.summary = summary
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.summary.phases[name] = round(time.monotonic() - start, 3)
+
+
+@contextmanager
+def _dest_lock(state: Path) -> Iterator[None]:
+    # Two agents on one node (a restarted unit racing the old one) must not write the same temp files;
+    # the second waits, then finds nothing left to do.
+    with open(state / "lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _storage(cfg: WeightsConfig, dest: Path) -> mounts.Storage:
+    expected = mounts.cache_mount_for(str(dest))
+    if expected and mounts.wait_for_mount(expected, cfg.host_root, cfg.mount_wait_s) is None:
+        log.warning("weights.mount_missing", mount_point=expected, waited_s=cfg.mount_wait_s)
+    storage = mounts.inspect_storage(str(dest), cfg.host_root)
+    log.info("weights.storage", **asdict(storage))
+    return storage
+
+
+def _on_disk(dest: Path, rel_paths: set[str]) -> dict[str, tuple[int, int]]:
+    found = {}
+    for rel in rel_paths:
+        try:
+            st = (dest / rel).stat()
+        except OSError:
+            continue
+        found[rel] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def _allocated(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
+
+
+def warm_weights(cfg: WeightsConfig) -> WeightsSummary:
+    """Make DEST hold every object under the S3 prefix, verified, and prove the safetensors load."""
+    dest = Path(os.path.abspath(cfg.dest))
+    summary = WeightsSummary(ok=False, reason="Failed", message="", uri=cfg.uri, dest=str(dest))
+    phase = _Phases(summary)
+    start = time.monotonic()
+    try:
+        _warm(cfg, dest, summary, phase)
+        summary.ok, summary.reason = True, "WeightsReady"
+        summary.message = (f"{summary.files} files, {summary.bytes / 1e9:.2f} GB verified in {dest} "
+                           f"({summary.downloaded_files} downloaded, {summary.skipped} unchanged)")
+    except NodewarmError as e:
+        summary.reason, summary.message = e.reason, str(e)
+        e.summary = summary
+        raise
+    except BaseException as e:
+        summary.reason, summary.message = "Failed", f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        summary.seconds = round(time.monotonic() - start, 3)
+        _write_summary(dest, summary)
+        log.info("weights.done" if summary.ok else "weights.failed", ok=summary.ok, reason=summary.reason,
+                 message=summary.message, files=summary.files, bytes=summary.bytes,
+                 downloaded_bytes=summary.downloaded_bytes, seconds=summary.seconds,
+                 throughput_mb_s=summary.throughput_mb_s)
+    return summary
+
+
+def _write_summary(dest: Path, summary: WeightsSummary) -> None:
+    state = dest / STATE_DIR
+    if not state.is_dir():
+        return  # failed before anything was written (e.g. not NVMe): create nothing
+    tmp = state / (SUMMARY_FILE + ".tmp")
+    tmp.write_text(summary.to_json())
+    os.replace(tmp, state / SUMMARY_FILE)
+
+
+def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phases) -> None:
+    uri = manifest.parse_s3_uri(cfg.uri)
+    with phase("storage"):
+        storage = _storage(cfg, dest)
+        summary.storage = asdict(storage)  # also on refusal: the node condition reports what backs DEST
+        mounts.require_instance_store(storage, cfg.allow_non_nvme)
+
+    base = s3pull.PullConfig(**cfg.pull_overrides)  # timeouts and retries; sizing waits for the plan
+    with phase("list"):
+        lister = s3client.make_client(16, base.connect_timeout_s, base.stall_timeout_s)
+        objects, summary.excluded = s3client.list_model(lister, uri, base.retry, exclude=cfg.exclude)
+    summary.files, summary.bytes = len(objects), sum(o.size for o in objects)
+    log.info("weights.listed", uri=str(uri), files=summary.files, bytes=summary.bytes,
+             excluded=len(summary.excluded))
+
+    state = dest / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    with _dest_lock(state):
+        with phase("plan"):
+            local = manifest.load_local(state / MANIFEST_FILE, str(uri))
+            plan = manifest.plan(objects, local, _on_disk(dest, {o.rel_path for o in objects} | set(local.entries)))
+            for rel in plan.remove:
+                (dest / rel).unlink(missing_ok=True)
+                del local.entries[rel]
+            manifest.save_local(state / MANIFEST_FILE, local)
+        summary.skipped, summary.changed, summary.removed = len(plan.keep), plan.changed, len(plan.remove)
+        log.info("weights.plan", fetch=len(plan.fetch), fetch_bytes=plan.fetch_bytes, unchanged=len(plan.keep),
+                 changed=plan.changed, removed=len(plan.remove),
+                 why=dict(Counter(f.why for f in plan.fetch)))
+
+        with phase("capacity"):
+            # Preallocated partials from an interrupted run already hold their space.
+            held = sum(_allocated(s3pull.partial_paths(dest, f.obj.rel_path)[0]) for f in plan.fetch)
+            need = max(0, plan.fetch_bytes - held)
+            if plan.fetch:
+                capacity.check_fits(capacity.free_space(str(dest)), need, cfg.headroom)
+
+        fetch = [f.obj for f in plan.fetch]
+        pull_cfg = s3pull.default_config(plan.fetch_bytes, max((o.size for o in fetch), default=0),
+                                         os.cpu_count() or 1, **cfg.pull_overrides)
+        summary.pull = {"concurrency": pull_cfg.concurrency, "part_size": pull_cfg.part_size}
+        with phase("download"):
+            _download(uri, dest, state, fetch, local, pull_cfg, summary, cfg.progress_interval_s)
+        download_s = summary.phases["download"]
+        if summary.downloaded_bytes and download_s > 0:
+            summary.throughput_mb_s = round(summary.downloaded_bytes / download_s / 1e6, 1)
+
+    if cfg.load_check:
+        tensors = [dest / o.rel_path for o in objects if o.rel_path.endswith(".safetensors")]
+        with phase("load_check"):
+            check = check_loadable(tensors)
+        summary.load_check = {"files": check.files, "bytes": check.bytes, "seconds": round(check.seconds, 3),
+                              "gb_per_s": round(check.gb_per_s, 3)}
+        log.info("weights.load_check", **summary.load_check)
+
+
+def _download(uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest.RemoteObject],
+              local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig, summary: WeightsSummary,
+              interval_s: float) -> None:
+    if not fetch:
+        return
+    lock = threading.Lock()
+    verified: Counter = Counter()
+
+    def on_file(done: s3pull.PulledFile) -> None:
+        st = done.path.stat()
+        entry = manifest.LocalEntry(rel_path=done.obj.rel_path, key=done.obj.key, size=done.obj.size,
+                                    etag=done.obj.etag, version_id=done.obj.version_id,
+                                    checksum=done.obj.checksum, verified_by=done.verified_by,
+                                    mtime_ns=st.st_mtime_ns)
+        with lock:
+            local.entries[done.obj.rel_path] = entry
+            manifest.save_local(state / MANIFEST_FILE, local)
+            verified[done.verified_by] += 1
+            summary.downloaded_files += 1
+            summary.downloaded_bytes += done.obj.size - done.resumed_bytes
+            summary.fsync_s = round(summary.fsync_s + done.fsync_s, 3)
+            summary.verify_s = round(summary.verify_s + done.verify_s, 3)
+        log.info("weights.file_ready", file=done.obj.rel_path, bytes=done.obj.size, verified_by=done.verified_by,
+                 resumed_bytes=done.resumed_bytes)
+
+    client = s3client.make_client(pull_cfg.concurrency + 4, pull_cfg.connect_timeout_s, pull_cfg.stall_timeout_s)
+    log.info("weights.download", files=len(fetch), bytes=sum(o.size for o in fetch),
+             concurrency=pull_cfg.concurrency, part_size=pull_cfg.part_size)
+    try:
+        with Progress("download", sum(o.size for o in fetch), interval_s) as progress:
+            s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
+    finally:
+        summary.verified = dict(verified)
