@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-scheduler v1.20.2 from Debian bookworm's `kubernetes` source
+# Build kube-apiserver, kube-scheduler and kube-controller-manager v1.20.2 from Debian bookworm's `kubernetes` source
 # package, offline except for the Debian archive. No registry ships these binaries, so this is the
 # only way to get a real API server on a machine without Docker or internet.
 # Idempotent: exits at once when the binaries are already cached.
@@ -8,7 +8,7 @@ set -euo pipefail
 
 OUT=${NODEWARM_KUBE_BIN:-$HOME/.cache/nodewarm/k8s}
 WORK=${NODEWARM_KUBE_WORK:-$HOME/.cache/nodewarm/k8s-build}
-BINS=(kube-apiserver kube-scheduler)
+BINS=(kube-apiserver kube-scheduler kube-controller-manager)
 
 have_all=1
 for b in "${BINS[@]}"; do [[ -x $OUT/$b ]] || have_all=0; done

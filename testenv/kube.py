@@ -236,48 +236,60 @@ def start(workdir: Path | None = None, node_names: tuple[str, ...] = (), timeout
     return cluster
 
 
-def start_scheduler(cluster: KubeCluster, timeout_s: float = 60) -> subprocess.Popen:
-    """The real kube-scheduler, as a token user bound to system:kube-scheduler (and volume-scheduler)."""
-    sched = _require(kube_bin_dir() / "kube-scheduler", "build it first: bash testenv/build-kube.sh")
+def _component_kubeconfig(cluster: KubeCluster, name: str, cluster_roles: tuple[str, ...]) -> Path:
+    """A ServiceAccount in kube-system bound to the component's built-in ClusterRoles, as a kubeconfig
+    (tokens.csv is read once at start, so components use TokenRequest tokens)."""
     from kubernetes import client
 
-    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
-    token = secrets.token_hex(16)
-    # tokens.csv is read once at start, so the scheduler uses a ServiceAccount token instead.
-    core = client.CoreV1Api(cluster.api_client())
-    ns = "kube-system"
-    try:
-        core.create_namespace({"metadata": {"name": ns}})
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    try:
-        core.create_namespaced_service_account(ns, {"metadata": {"name": "kube-scheduler"}})
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    for role in ("system:kube-scheduler", "system:volume-scheduler"):
+    def create(fn, *args):
         try:
-            rbac.create_cluster_role_binding({
-                "metadata": {"name": f"nodewarm-{role.replace(':', '-')}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                "subjects": [{"kind": "ServiceAccount", "name": "kube-scheduler", "namespace": ns}],
-            })
+            fn(*args)
         except client.ApiException as e:
             if e.status != 409:
                 raise
-    token = cluster.service_account_token(ns, "kube-scheduler", seconds=86400)
-    kcfg = cluster.write_kubeconfig(cluster.workdir / "kubeconfig-scheduler", token, "kube-scheduler")
-    log = open(cluster.workdir / "scheduler.log", "wb")
-    port = free_port()
-    proc = subprocess.Popen([
-        sched, "--kubeconfig", str(kcfg), "--leader-elect=false",
-        "--bind-address", "127.0.0.1", "--secure-port", str(port), "--port", "0",
-        "--authentication-kubeconfig", str(kcfg), "--authorization-kubeconfig", str(kcfg),
-        "--authentication-tolerate-lookup-failure=true",
-    ], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    core, rbac = client.CoreV1Api(cluster.api_client()), client.RbacAuthorizationV1Api(cluster.api_client())
+    ns = "kube-system"
+    create(core.create_namespace, {"metadata": {"name": ns}})
+    create(core.create_namespaced_service_account, ns, {"metadata": {"name": name}})
+    for role in cluster_roles:
+        create(rbac.create_cluster_role_binding, {
+            "metadata": {"name": f"nodewarm-{name}-{role.replace(':', '-')}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        })
+    token = cluster.service_account_token(ns, name, seconds=86400)
+    return cluster.write_kubeconfig(cluster.workdir / f"kubeconfig-{name}", token, name)
+
+
+def _start_component(cluster: KubeCluster, binary: str, args: list[str]) -> subprocess.Popen:
+    exe = _require(kube_bin_dir() / binary, "build it first: bash testenv/build-kube.sh")
+    log = open(cluster.workdir / f"{binary}.log", "wb")
+    proc = subprocess.Popen([exe, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     cluster._procs.append(proc)
     time.sleep(0.5)
     if proc.poll() is not None:
-        raise RuntimeError("kube-scheduler exited at start:\n" + (cluster.workdir / "scheduler.log").read_text()[-3000:])
+        raise RuntimeError(f"{binary} exited at start:\n" + (cluster.workdir / f"{binary}.log").read_text()[-3000:])
     return proc
+
+
+def start_scheduler(cluster: KubeCluster) -> subprocess.Popen:
+    """The real kube-scheduler: pod placement is decided by it, not by nodewarm or its tests."""
+    kcfg = _component_kubeconfig(cluster, "kube-scheduler", ("system:kube-scheduler", "system:volume-scheduler"))
+    return _start_component(cluster, "kube-scheduler", [
+        "--kubeconfig", str(kcfg), "--leader-elect=false", "--port", "0",
+        "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+        "--authentication-kubeconfig", str(kcfg), "--authorization-kubeconfig", str(kcfg),
+        "--authentication-tolerate-lookup-failure=true",
+    ])
+
+
+def start_controller_manager(cluster: KubeCluster) -> subprocess.Popen:
+    """kube-controller-manager running ONLY the Deployment and ReplicaSet controllers, so Deployments
+    create Pods. Never the node-lifecycle controllers: with no kubelets they would evict everything."""
+    kcfg = _component_kubeconfig(cluster, "kube-controller-manager",
+                                 ("system:controller:deployment-controller", "system:controller:replicaset-controller"))
+    return _start_component(cluster, "kube-controller-manager", [
+        "--kubeconfig", str(kcfg), "--controllers", "deployment,replicaset", "--leader-elect=false",
+        "--port", "0", "--secure-port", "0", "--use-service-account-credentials=false",
+    ])

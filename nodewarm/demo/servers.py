@@ -39,8 +39,9 @@ def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: b
         kube.apply_crds(all_crds())
         log.info("demo.kube.started", server=kube.server, kubeconfig=str(kube.write_kubeconfig()))
         sched = False
-        if with_scheduler and (kubeenv.kube_bin_dir() / "kube-scheduler").exists():
-            kubeenv.start_scheduler(kube)
+        if with_scheduler:
+            kubeenv.start_controller_manager(kube)   # Deployments -> ReplicaSets -> Pods
+            kubeenv.start_scheduler(kube)            # Pods -> Nodes
             sched = True
             log.info("demo.scheduler.started")
         yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched)
