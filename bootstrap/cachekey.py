@@ -101,11 +101,7 @@ class Factors:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Factors":
-        names = {f.name for f in fields(cls)}
-        missing = names - set(d)
-        if missing:
-            raise ValueError(f"factors lack {sorted(missing)}")
-        return cls(**{k: d[k] for k in names})
+        return _from_fields(cls, d, "factors")
 
 
 @dataclass(frozen=True)
@@ -239,13 +235,19 @@ def probe_runtime() -> RuntimeProbe:
     )
 
 
-def probe_from_dict(d: Mapping[str, Any]) -> RuntimeProbe:
-    """A probe written by ``nodewarm bootstrap compile-cache key --probe-only`` in the serving image."""
-    names = {f.name for f in fields(RuntimeProbe)}
+def _from_fields(cls, d: Mapping[str, Any], what: str):
+    """A frozen dataclass from its dict form, refusing one that lacks a field (a silently defaulted
+    factor would make two different runtimes share a key)."""
+    names = {f.name for f in fields(cls)}
     missing = names - set(d)
     if missing:
-        raise ValueError(f"runtime probe lacks {sorted(missing)}")
-    return RuntimeProbe(**{k: d[k] for k in names})
+        raise ValueError(f"{what} lack {sorted(missing)}")
+    return cls(**{k: d[k] for k in names})
+
+
+def probe_from_dict(d: Mapping[str, Any]) -> RuntimeProbe:
+    """A probe written by ``nodewarm bootstrap compile-cache key --runtime-only`` in the serving image."""
+    return _from_fields(RuntimeProbe, d, "runtime probe")
 
 
 @dataclass(frozen=True)

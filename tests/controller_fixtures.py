@@ -23,21 +23,9 @@ from nodewarm.controller.kube import (
     AUTOMODE_NODECLASSES, EC2NODECLASSES, EVENTS, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
 )
 from nodewarm.nodeclasses import automode, ec2nodeclass, nodepool, render
-from profiles import v
+from profiles import USER_MIME, v
 
 TAINT = "nodewarm.io/warming"
-
-USER_MIME = """MIME-Version: 1.0
-Content-Type: multipart/mixed; boundary="//"
-
---//
-Content-Type: text/x-shellscript; charset="us-ascii"
-
-#!/bin/bash
-echo user-part-one > /etc/user-one
-
---//--
-"""
 
 
 def uniq(prefix: str) -> str:

@@ -4,6 +4,19 @@ from __future__ import annotations
 
 import copy
 
+# A user's own AL2023 user data (a MIME archive with one shell part) that nodewarm must keep.
+USER_MIME = """MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="//"
+
+--//
+Content-Type: text/x-shellscript; charset="us-ascii"
+
+#!/bin/bash
+echo user-part-one > /etc/user-one
+
+--//--
+"""
+
 BASE = {
     "apiVersion": "nodewarm.io/v1alpha1",
     "kind": "WarmProfile",

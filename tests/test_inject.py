@@ -7,19 +7,7 @@ import pytest
 from nodewarm import instancetypes, profile
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import inject
-from profiles import v
-
-USER_MIME = """MIME-Version: 1.0
-Content-Type: multipart/mixed; boundary="//"
-
---//
-Content-Type: text/x-shellscript; charset="us-ascii"
-
-#!/bin/bash
-echo user-part-one > /etc/user-one
-
---//--
-"""
+from profiles import USER_MIME, v
 
 
 def prof(mode="karpenter", **kw):

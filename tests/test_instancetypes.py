@@ -8,7 +8,10 @@ from moto import mock_aws
 from nodewarm import instancetypes
 
 
-def test_offline_table_matches_describe_instance_types():
+def test_offline_table_matches_describe_instance_types(monkeypatch):
+    # moto intercepts requests to AWS; an endpoint pointing at a local S3 server would bypass it.
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
+        monkeypatch.delenv(var, raising=False)
     table = instancetypes.offline_table()
     with mock_aws():
         live = instancetypes.lookup(sorted(table), "ec2", boto3.client("ec2", region_name="us-east-1"))

@@ -167,7 +167,8 @@ def test_server_accepts_every_rendered_object(kube, mode):
     docs = rendered(doc)
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": f"ns-{suffix}"}})
     results = apply(kube.api_client(), docs)
-    assert [r.action for r in results] == ["created"] * len(docs)
+    # One ClusterRole serves every bootstrap DaemonSet in a cluster: another test may have made it first.
+    assert [r.kind for r in results if r.action != "created"] in ([], ["ClusterRole"])
     # Read back: what the server stored equals what we sent (nothing pruned away).
     from kubernetes.dynamic import DynamicClient
 

@@ -91,7 +91,7 @@ def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
         files: dict[str, Path] = {}
         versions: dict[str, str] = {}
         for name in names:
-            dist = metadata.distribution(name)
+            dist = _installed(name)
             versions[dist.metadata["Name"]] = dist.version
             found = _wheel_files(dist, Path(tmp)) if _editable(dist) else _installed_files(dist)
             files.update({f"site/{rel}": path for rel, path in found.items()})
@@ -115,9 +115,22 @@ def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
                     distributions=manifest["distributions"])
 
 
+def _installed(name: str) -> metadata.Distribution:
+    """The installed distribution, not a source tree's ``*.egg-info`` that shadows it when the current
+    directory is a checkout (an editable install leaves one there, and it has neither RECORD nor
+    direct_url.json)."""
+    found = list(metadata.distributions(name=name))
+    for dist in found:
+        if dist.read_text("RECORD") is not None:
+            return dist
+    if not found:
+        raise metadata.PackageNotFoundError(name)
+    return found[0]
+
+
 def _installed_requires(name: str) -> list[str] | None:
     try:
-        return metadata.distribution(name).requires or []
+        return _installed(name).requires or []
     except metadata.PackageNotFoundError:
         return None
 

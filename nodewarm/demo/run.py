@@ -251,10 +251,15 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     names = tuple(f"demo-node-{i}" for i in range(opts.nodes))
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
     say = lambda msg: print(msg, file=out, flush=True)  # noqa: E731
+    saved = dict(os.environ)
     try:
         with servers.running(work, names) as srv:
+            # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
+            os.environ.update(srv.s3.env())
             return _run(srv, opts, names, work, say)
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         if not opts.keep and opts.workdir is None:
             import shutil
 
@@ -275,8 +280,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     from nodewarm.testenv.karpenter import KarpenterSim
 
     admin = srv.kube.api_client()
-    # This process plays "node A" (publisher) and the baseline pod: same AWS environment as the nodes.
-    os.environ.update(srv.s3.env())
     say(f"1. servers up: kube-apiserver {srv.kube.server}, S3 {srv.s3.endpoint}"
         f"{', kube-scheduler' if srv.scheduler else ' (no kube-scheduler built: pods are not bound)'}")
     for b in (MODEL_BUCKET, CACHE_BUCKET):

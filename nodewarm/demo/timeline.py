@@ -87,16 +87,18 @@ def write_png(nodes: list[NodeTimeline], path: Path, baseline_s: float | None = 
     colours = plt.get_cmap("tab10")
     for row, (name, r) in enumerate(rel.items()):
         marks = [(p, r[p]) for p in PHASES if p in r]
-        for i, ((p, start), (_, end)) in enumerate(zip(marks, marks[1:])):
+        for (p, start), (_, end) in zip(marks, marks[1:]):
             ax.broken_barh([(start, max(end - start, 0.02))], (row - 0.35, 0.7), color=colours(PHASES.index(p)))
-    for i, p in enumerate(PHASES[:-1]):
-        ax.barh([], [], color=colours(i), label=f"{LABELS[p]} →")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours(i), label=f"{LABELS[p]} → next") for i, p in enumerate(PHASES[:-1])]
     if baseline_s is not None:
-        ax.axvline(baseline_s, color="black", linestyle="--", label=f"no-warm baseline ready ({baseline_s:.1f}s)")
+        handles.append(ax.axvline(baseline_s, color="black", linestyle="--",
+                                  label=f"no-warm baseline: first compiled call ({baseline_s:.1f}s)"))
     ax.set_yticks(range(len(rel)), list(rel))
     ax.set_xlabel("seconds since first launch")
     ax.set_title("nodewarm: scale-up timeline per node")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
