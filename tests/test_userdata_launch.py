@@ -114,3 +114,14 @@ def test_a_missing_artifact_fails_with_a_retryable_status(tmp_path, s3, bucket, 
     run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
     assert run.returncode not in (0, 2, 3), run      # 2 and 3 stop the unit's restarts
     assert os.listdir(tmp_path / "opt" / "artifacts") == []
+
+
+def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it():
+    from nodewarm.userdata.launch import BootstrapLaunch
+
+    common = dict(profile="m", model_uri="s3://models/m/", dest_dir="/mnt/k8s-disks/0/nodewarm/models/m",
+                  mode="karpenter", cache_mount="/mnt/k8s-disks/0", region="us-west-2", nodewarm_version="0.1.0")
+    host = BootstrapLaunch(**common, artifact_uri="s3://cache-bucket/nodewarm/a.tar.gz", artifact_sha256="a" * 64)
+    pod = BootstrapLaunch(**common)
+    assert "--skip-load-check" in host.bootstrap_argv()
+    assert "--skip-load-check" not in pod.bootstrap_argv()

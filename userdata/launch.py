@@ -87,6 +87,10 @@ class BootstrapLaunch:
                 "--region", self.region]
         if self.compile_cache_uri:
             argv += ["--compile-cache-uri", self.compile_cache_uri, *self.cache_key_args]
+        if self.artifact_uri:
+            # The artifact runs on the host's python with the standard library and nodewarm's pure-Python
+            # deps: no torch, so the Run:ai streamer load check cannot run there (the DaemonSet image can).
+            argv.append("--skip-load-check")
         return argv
 
 
