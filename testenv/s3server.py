@@ -103,8 +103,15 @@ class S3Server:
         self.stop()
 
 
-def start(engine: str = "rclone", data_dir: str | Path | None = None, timeout_s: float = 60) -> S3Server:
-    """Start an S3 server on a free loopback port and wait until it answers a signed ListBuckets."""
+def start(engine: str = "rclone", data_dir: str | Path | None = None, timeout_s: float = 60,
+          dir_cache_time: str = "1s") -> S3Server:
+    """Start an S3 server on a free loopback port and wait until it answers a signed ListBuckets.
+
+    ``dir_cache_time`` (rclone): how soon files copied into ``data_dir`` behind the server's back show
+    up. Short suits tests that lay fixtures while it runs; but each expiry makes rclone re-read whole
+    files on the next GETs, which stalls many parallel ranged GETs of large files. Lay large data
+    before starting and pass a long time (objects PUT through the server are visible at once anyway).
+    """
     data = Path(data_dir or tempfile.mkdtemp(prefix=f"nodewarm-s3-{engine}-"))
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -116,7 +123,7 @@ def start(engine: str = "rclone", data_dir: str | Path | None = None, timeout_s:
             "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}",
             # Without it every full GET re-hashes the file (3-5x slower); ETags still come from MD5 on PUT.
             "--no-checksum",
-            "--dir-cache-time", "1s",
+            "--dir-cache-time", dir_cache_time,
             "--config", "/dev/null",
             str(data),
         ]

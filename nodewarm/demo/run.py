@@ -61,10 +61,13 @@ class DemoResult:
 
 
 # -- steps --------------------------------------------------------------------------------------------
-def seed_model(srv: servers.Servers, model_mb: int) -> float:
-    """Lay the model into the served directory (rclone serves it as bucket/prefix) and wait until listed."""
-    files = seed.write_model(srv.s3.data_dir / MODEL_BUCKET / PROFILE_NAME, model_mb)
-    total = sum(f.stat().st_size for f in files)
+def seed_model(work: Path, model_mb: int) -> list[Path]:
+    """Lay the model into the folder the S3 server will serve (bucket/prefix), before it starts."""
+    return seed.write_model(work / "s3" / MODEL_BUCKET / PROFILE_NAME, model_mb)
+
+
+def model_listed(srv: servers.Servers, files: list[Path]) -> float:
+    """Wait until the server lists every seeded file; the model's size in GB."""
     client = srv.s3.client()
 
     def listed() -> bool:
@@ -74,6 +77,7 @@ def seed_model(srv: servers.Servers, model_mb: int) -> float:
     from nodewarm.testenv.ports import wait_until
 
     wait_until(listed, 30, "seeded model listed by the S3 server")
+    total = sum(f.stat().st_size for f in files)
     log.info("demo.model.seeded", files=len(files), bytes=total)
     return total / GB
 
@@ -253,10 +257,11 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     say = lambda msg: print(msg, file=out, flush=True)  # noqa: E731
     saved = dict(os.environ)
     try:
+        files = seed_model(work, opts.model_mb)
         with servers.running(work, names) as srv:
             # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
             os.environ.update(srv.s3.env())
-            return _run(srv, opts, names, work, say)
+            return _run(srv, opts, names, work, files, say)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -272,7 +277,8 @@ def run_demo(opts: DemoOptions, out: TextIO) -> int:
     return 1 if violations or not result.summary["totals"]["all_bound"] else 0
 
 
-def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, say) -> DemoResult:
+def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, files: list[Path],
+         say) -> DemoResult:
     from kubernetes import client
 
     from nodewarm.bootstrap import cachekey
@@ -282,9 +288,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     admin = srv.kube.api_client()
     say(f"1. servers up: kube-apiserver {srv.kube.server}, S3 {srv.s3.endpoint}"
         f"{', kube-scheduler' if srv.scheduler else ' (no kube-scheduler built: pods are not bound)'}")
-    for b in (MODEL_BUCKET, CACHE_BUCKET):
-        srv.s3.create_bucket(b)
-    size_gb = seed_model(srv, opts.model_mb)
+    srv.s3.create_bucket(CACHE_BUCKET)
+    size_gb = model_listed(srv, files)
     spec = cachekey.ServingSpec(model=f"/models/{PROFILE_NAME}", tp=1, image="vllm/vllm-openai:v0.21.0",
                                 engine={"dtype": "auto"})
     verify_key, cold = seed_compile_cache(srv, work, spec)

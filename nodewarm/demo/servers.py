@@ -33,7 +33,9 @@ def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: b
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     s3 = kube = None
     try:
-        s3 = s3server.start("rclone", work / "s3")
+        # The model is laid into work/s3 before this starts, so rclone may cache its listings for the
+        # whole run (a short cache makes it re-read whole files under parallel ranged GETs).
+        s3 = s3server.start("rclone", work / "s3", dir_cache_time="24h")
         log.info("demo.s3.started", endpoint=s3.endpoint, data_dir=str(s3.data_dir))
         kube = kubeenv.start(work / "kube", node_names=node_names)
         kube.apply_crds(all_crds())
