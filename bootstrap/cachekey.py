@@ -103,6 +103,10 @@ class Factors:
     def from_dict(cls, d: Mapping[str, Any]) -> "Factors":
         return _from_fields(cls, d, "factors")
 
+    def runtime_probe(self) -> dict[str, Any]:
+        """The runtime part of the factors, in RuntimeProbe's dict form (probe_from_dict reads it back)."""
+        return {f.name: getattr(self, f.name) for f in fields(RuntimeProbe)}
+
 
 @dataclass(frozen=True)
 class Mismatch:

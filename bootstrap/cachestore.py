@@ -13,6 +13,8 @@ never pair a manifest with another node's archive, whatever the server does with
 
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,11 @@ def parse_uri(uri: str) -> S3Uri:
 
 def envelope_key(prefix: str, key_id: str) -> str:
     return f"{prefix}{key_id}{ENVELOPE_SUFFIX}"
+
+
+def runtime_key(root: str, image: str) -> str:
+    """Where the serving image's runtime descriptor lives (see restore.serving_runtime)."""
+    return f"{root}runtimes/{hashlib.sha256(image.encode()).hexdigest()[:16]}{ENVELOPE_SUFFIX}"
 
 
 def blob_key(prefix: str, sha256: str) -> str:

@@ -39,7 +39,7 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
 from . import bundle, cachekey, hitcheck, signing
-from .cachestore import CacheStore, blob_key, envelope_key
+from .cachestore import CacheStore, blob_key, envelope_key, runtime_key
 
 log = logs.get("bootstrap.compilecache")
 
@@ -181,6 +181,11 @@ def publish_once(store: CacheStore, roots: Mapping[str, Path], factors: cachekey
         )
         if not store.exists(blob):
             store.put(blob, packed.path)
+    # The runtime that built it, signed, for node agents that cannot import the serving image's torch
+    # (the AL2023 host): restore.serving_runtime reads it by image. Rewritten on every publish from
+    # the same image, so it always describes what that image really is.
+    store.put(runtime_key(store.root, factors.image),
+              signing.seal({"runtime": dict(factors.runtime_probe()), "env": dict(factors.env)}, key))
     envelope = signing.seal(manifest.to_dict(), key)
     conditional = store.conditional_writes()
     protocol = "conditional" if conditional else "claim"

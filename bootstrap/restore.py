@@ -27,7 +27,7 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
 from . import bundle, cachekey, hitcheck, signing
-from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri
+from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri, runtime_key
 
 log = logs.get("bootstrap.compilecache")
 
@@ -199,12 +199,41 @@ def restore_for_node(uri: str, verify_key: str, spec: cachekey.ServingSpec, dirs
     serving image); by default this process is probed. A bad URI or key is reported as a cold
     result too: the weights still warm.
     """
-    env = os.environ if env is None else env
     roots = dirs.roots()
     try:
         store = CacheStore(parse_uri(uri))
         key = signing.load_public(verify_key)
+        if probe is None:
+            probe, env = serving_runtime(store, spec, key, env)
     except NodewarmError as e:
         return RestoreResult("cold", e.reason, " ".join(str(e).split()), baseline=hitcheck.snapshot(roots))
-    factors = cachekey.build_factors(probe or cachekey.probe_runtime(), spec, env)
+    factors = cachekey.build_factors(probe, spec, os.environ if env is None else env)
     return restore(store, factors, roots, key, settings)
+
+
+class RuntimeUnknown(NodewarmError):
+    reason = "RuntimeUnknown"
+
+
+def serving_runtime(store: CacheStore, spec: cachekey.ServingSpec, verify_key: Ed25519PublicKey,
+                    env: Mapping[str, str] | None) -> tuple[cachekey.RuntimeProbe, Mapping[str, str] | None]:
+    """The serving runtime the key must describe.
+
+    Where this process has the serving image's torch (a DaemonSet built from it, the demo, tests) it is
+    probed here. On a host that has no torch (the AL2023 artifact), the signed descriptor the publisher
+    wrote from inside the serving image is used: same signature key as the bundles, looked up by image.
+    """
+    try:
+        return cachekey.probe_runtime(), env
+    except ImportError:
+        pass
+    desc_key = runtime_key(store.root, spec.image)
+    if not store.exists(desc_key):
+        raise RuntimeUnknown(f"torch is not importable here and no runtime descriptor for image {spec.image!r} "
+                             f"is at s3://{store.uri.bucket}/{desc_key}: the first node compiles and publishes "
+                             "it (or pass --runtime from `compile-cache key --runtime-only` in the serving image)")
+    doc = signing.open_envelope(store.get_small(desc_key), verify_key)
+    try:
+        return cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise signing.BundleTampered(f"signed runtime descriptor {desc_key} is malformed: {e}") from None

@@ -347,3 +347,36 @@ def test_node_entry_point_restores_and_reports_bad_profile_values_as_cold(aws_en
                              ("gs://agent-cc/cc", verify, "InvalidCompileCacheUri")):
         bad = restore.restore_for_node(uri, key, SPEC, dirs, PROBE, env)
         assert (bad.status, bad.reason) == ("cold", reason)
+
+
+def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_image(aws_env, keys, tmp_path,
+                                                                                   monkeypatch):
+    """The AL2023 host agent cannot import the serving image's torch: it keys the restore with the
+    runtime the publisher recorded from inside that image, verified with the profile's key."""
+    aws_env.create_bucket("host-cc")
+    uri = "s3://host-cc/cc"
+    verify = signing.public_text(keys[1])
+    dest = _node(tmp_path, "host", compiled=False)
+    dirs = CacheDirs(vllm_root=dest["vllm"].parent, inductor=dest["inductor"])
+
+    def no_torch():
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(cachekey, "probe_runtime", no_torch)
+    before = restore.restore_for_node(uri, verify, SPEC, dirs)
+    assert (before.status, before.reason) == ("cold", "RuntimeUnknown") and "torch is not importable" in before.message
+
+    env = {"VLLM_USE_AOT_COMPILE": "1"}
+    factors = cachekey.build_factors(PROBE, SPEC, env)
+    store = CacheStore(parse_uri(uri))
+    assert publish.publish_once(store, _node(tmp_path, "a"), factors, keys[0], {}, FAST).status == "published"
+    after = restore.restore_for_node(uri, verify, SPEC, dirs)
+    assert (after.status, after.hash_dirs) == ("restored", (f"torch_aot_compile/{HASH}",)), after.message
+
+    # A descriptor signed by another key is refused: the node stays cold, and says why.
+    other = signing.load_private(signing.generate(tmp_path / "other.pem").private_path)
+    from nodewarm.bootstrap.cachestore import runtime_key
+
+    store.put(runtime_key(store.root, SPEC.image), signing.seal({"runtime": factors.runtime_probe(), "env": env}, other))
+    forged = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"))
+    assert (forged.status, forged.reason) == ("cold", "BundleTampered")
