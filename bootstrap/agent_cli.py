@@ -42,6 +42,15 @@ def _api_client(kubeconfig: str | None):
     return client.ApiClient()
 
 
+def serving_spec(args: argparse.Namespace):
+    """The key's serving spec from `bootstrap run` options: the model is the path vLLM reads, /models/<profile>."""
+    from . import agent, cachekey
+
+    engine = dict(item.partition("=")[::2] for item in args.engine_arg)
+    return cachekey.ServingSpec(model=f"{agent.MODEL_MOUNT}/{args.profile}", revision=args.revision, tp=args.tp,
+                                image=args.image, engine=engine)
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import agent, cachekey
 
@@ -49,9 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.runtime:
         doc = json.loads(Path(args.runtime).read_text())
         runtime = (cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"]))
-    engine = dict(item.partition("=")[::2] for item in args.engine_arg)
-    spec = cachekey.ServingSpec(model=f"{agent.MODEL_MOUNT}/{args.profile}", revision=args.revision, tp=args.tp,
-                                image=args.image, engine=engine)
+    spec = serving_spec(args)
     cfg = agent.AgentConfig(
         profile=args.profile, model_uri=args.model_uri, dest=Path(args.dest), mount=Path(args.mount),
         node_name=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),

@@ -43,6 +43,15 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
 def cache_key_args(p: WarmProfile) -> tuple[str, ...]:
     """What the node's compile-cache key needs from the profile, as `bootstrap run` options. The model
     string is the path vLLM is started with, so it is derived on the node from the profile name."""
+    args = list(serving_spec_args(p))
+    if p.compile_cache.verify_key:
+        args += ["--verify-key", p.compile_cache.verify_key]
+    return tuple(args)
+
+
+def serving_spec_args(p: WarmProfile) -> tuple[str, ...]:
+    """The serving spec options shared by `bootstrap run` (restore) and `publish`: both must build the
+    same key from the same profile, so both take them from here."""
     s = p.serving
     args = ["--tp", str(s.tensor_parallel_size), "--engine-arg", f"dtype={s.dtype}"]
     if s.max_model_len:
@@ -51,6 +60,4 @@ def cache_key_args(p: WarmProfile) -> tuple[str, ...]:
         args += ["--revision", p.model.revision]
     if s.image:
         args += ["--image", s.image]
-    if p.compile_cache.verify_key:
-        args += ["--verify-key", p.compile_cache.verify_key]
     return tuple(args)

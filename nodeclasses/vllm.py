@@ -64,6 +64,36 @@ def env(p: WarmProfile) -> list[dict]:
     ]
 
 
+SIGNING_MOUNT = "/var/run/nodewarm/signing"
+
+
+def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
+    """`nodewarm publish` beside vLLM: when the first compile on this node goes quiet it packs the caches,
+    signs them and uploads once (first writer wins); then it idles, so the pod does not restart it.
+    It runs the serving image (with nodewarm installed) because the key must describe the serving
+    runtime, and it gets vLLM's environment because VLLM_*/TORCHINDUCTOR_* variables are part of the key.
+    """
+    from .launch import serving_spec_args
+
+    pub = p.compile_cache.publisher
+    argv = ["nodewarm", "publish", "--uri", p.compile_cache.uri, "--signing-key", f"{SIGNING_MOUNT}/signing.pem",
+            "--quiet-seconds", str(pub.quiet_seconds), "--model", f"{MODEL_MOUNT}/{p.name}", *serving_spec_args(p),
+            "--vllm-cache-root", f"{CACHE_MOUNT}/vllm", "--inductor-dir", f"{CACHE_MOUNT}/inductor",
+            "--triton-dir", f"{CACHE_MOUNT}/triton",
+            # The vLLM image runs as root: Inductor's headers dir is named after the user.
+            "--pch-dir", f"{CACHE_MOUNT}/tmp/torchinductor_root/precompiled_headers"]
+    return {
+        "name": "nodewarm-publish",
+        "image": pub.image,
+        "command": ["sh", "-c", 'nodewarm "$@"; exec sleep infinity', "nodewarm-publish"],
+        "args": argv[1:],
+        "env": serving_env,
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+        "volumeMounts": [{"name": "compile-cache", "mountPath": CACHE_MOUNT},
+                         {"name": "signing-key", "mountPath": SIGNING_MOUNT, "readOnly": True}],
+    }
+
+
 def labels(p: WarmProfile) -> dict:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": p.name, PROFILE_LABEL: p.name}
 
@@ -71,7 +101,7 @@ def labels(p: WarmProfile) -> dict:
 def pod_spec(p: WarmProfile) -> dict:
     s = p.serving
     gpus = str(s.tensor_parallel_size)
-    return {
+    spec = {
         "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool},
         "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [{
@@ -98,6 +128,11 @@ def pod_spec(p: WarmProfile) -> dict:
             {"name": "compile-cache", "hostPath": {"path": p.compile_cache_dir, "type": "DirectoryOrCreate"}},
         ],
     }
+    if p.compile_cache.publisher:
+        spec["containers"].append(publisher_container(p, env(p)))
+        spec["volumes"].append({"name": "signing-key", "secret": {
+            "secretName": p.compile_cache.publisher.signing_key_secret, "defaultMode": 0o400}})
+    return spec
 
 
 def deployment(p: WarmProfile) -> dict:

@@ -65,9 +65,17 @@ class Nodes:
 
 
 @dataclass(frozen=True)
+class Publisher:
+    image: str
+    signing_key_secret: str
+    quiet_seconds: int
+
+
+@dataclass(frozen=True)
 class CompileCache:
     uri: str
     verify_key: str | None
+    publisher: Publisher | None
 
 
 @dataclass(frozen=True)
@@ -195,7 +203,9 @@ def from_dict(doc: dict) -> WarmProfile:
             ephemeral_storage_size=n.get("ephemeralStorageSize"),
             region=n.get("region"),
         ),
-        compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey")),
+        compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey"), publisher=(
+            Publisher(cc["publisher"]["image"], cc["publisher"]["signingKeySecret"],
+                      cc["publisher"].get("quietSeconds", 30)) if "publisher" in cc else None)),
         readiness=Readiness(
             taint_key=r.get("taintKey", "nodewarm.io/warming"),
             deadline=r.get("deadline", "20m"),
@@ -247,6 +257,9 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
                                "has no NVMe instance store; nodewarm needs one to hold the weights")
 
+    if p.compile_cache.publisher and not p.compile_cache.verify_key:
+        raise ProfileError("spec.compileCache.verifyKey", None, "a publisher signs bundles, so nodes need the matching "
+                           "verify key: the line `nodewarm bootstrap compile-cache keygen` printed")
     if p.model.size_gb is not None:
         need = sizing.required_nvme_gb(p.model.size_gb)
         for i, name in enumerate(n.instance_types):

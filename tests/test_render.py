@@ -197,3 +197,30 @@ def test_with_controller_renders_crd_and_controller_objects_the_server_accepts(k
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": "ns-ctl"}})
     results = apply(kube.api_client(), docs)
     assert len(results) == len(docs)
+
+
+def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
+    from nodewarm.bootstrap import agent_cli, cache_cli
+    from nodewarm.cli import build_parser
+    from nodewarm.nodeclasses.launch import bootstrap_launch
+
+    doc = v(spec__compileCache__verifyKey="A" * 43 + "=",
+            spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"},
+            spec__serving__extraArgs=["--gpu-memory-utilization=0.9"])
+    docs = rendered(doc)
+    pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
+    vllm_c, pub = pod["containers"]
+    assert pub["name"] == "nodewarm-publish" and pub["env"] == vllm_c["env"]
+    assert {"name": "signing-key", "secret": {"secretName": "cc-key", "defaultMode": 0o400}} in pod["volumes"]
+    parser = build_parser()
+    published = cache_cli._spec(parser.parse_args(pub["args"]))
+    p = profile.from_dict(doc)
+    restored = agent_cli.serving_spec(parser.parse_args(bootstrap_launch(p).bootstrap_argv()))
+    assert published == restored
+    assert published.model == next(a for a in vllm_c["args"] if a.startswith("--model=")).split("=", 1)[1]
+
+
+def test_publisher_needs_the_verify_key_nodes_check_with():
+    with pytest.raises(profile.ProfileError) as e:
+        rendered(v(spec__compileCache__publisher={"image": "x", "signingKeySecret": "k"}))
+    assert e.value.field == "spec.compileCache.verifyKey"
