@@ -22,6 +22,10 @@ from .model import (
     STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time,
 )
 
+# What the node agent reports at warm time (restored | cold) and what verify-hit reports once serving
+# started (hit | miss); anything else is counted as "unknown" so an odd annotation cannot mint series.
+CACHE_OUTCOMES = ("restored", "cold", "hit", "miss")
+
 UNTAINT = "untaint"
 DELETE_CLAIM = "delete_claim"
 RECORD = "record"
@@ -157,7 +161,7 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     times = phase_times(claim, node)
     # Only the contract's values reach labels and metric labels (an odd annotation must not mint series).
     cache = node.annotations.get(CACHE_ANNOTATION, "")
-    cache = cache if cache in ("hit", "miss", "cold") else "unknown"
+    cache = cache if cache in CACHE_OUTCOMES else "unknown"
     claim_ev = lambda reason, msg, typ="Normal": EventSpec("NodeClaim", claim.name, claim.uid, reason, msg, typ)  # noqa: E731
     node_ev = lambda reason, msg, typ="Normal": EventSpec("Node", node.name, node.uid, reason, msg, typ)  # noqa: E731
 
