@@ -14,7 +14,6 @@ Both are real servers speaking S3 over HTTP; boto3 reaches them through ``AWS_EN
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

@@ -6,7 +6,6 @@ mocked: tests talk to real processes over HTTP.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -55,3 +54,43 @@ def kube(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(kube):
+    """An admin (system:masters) client of the session's API server."""
+    return kube.api_client()
+
+
+@pytest.fixture(scope="session")
+def k(admin):
+    """The controller's thin JSON client over ``admin``."""
+    from nodewarm.controller.kube import Kube
+
+    return Kube(admin)
+
+
+@pytest.fixture
+def fresh_node(k):
+    """Create a Node (deleting a leftover one first) carrying ``taints``; deleted afterwards."""
+    from kubernetes.client.exceptions import ApiException
+
+    from nodewarm.controller.kube import NODES
+
+    made = []
+
+    def create(name: str, taints: list[dict], labels: dict | None = None, provider_id: str = "") -> dict:
+        try:
+            k.delete(NODES, name)
+        except ApiException:
+            pass
+        made.append(name)
+        return k.create(NODES, {"metadata": {"name": name, "labels": labels or {}},
+                                "spec": {"providerID": provider_id or f"aws:///us-west-2a/i-{name}", "taints": taints}})
+
+    yield create
+    for name in made:
+        try:
+            k.delete(NODES, name)
+        except ApiException:
+            pass

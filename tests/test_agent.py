@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from bootstrap_fixtures import model_files, put_model
 from nodewarm.bootstrap import signing
 from nodewarm.cli import main
-from nodewarm.controller.kube import NODES, Kube
+from nodewarm.controller.kube import NODES
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
 
@@ -20,15 +19,9 @@ TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 
 
 @pytest.fixture
-def node(kube):
-    k = Kube(kube.api_client())
-    try:
-        k.delete(NODES, NODE)
-    except ApiException:
-        pass
-    k.create(NODES, {"metadata": {"name": NODE}, "spec": {"providerID": "aws:///us-west-2a/i-0005", "taints": [TAINT]}})
-    yield k
-    k.delete(NODES, NODE)
+def node(k, fresh_node):
+    fresh_node(NODE, [TAINT])
+    return k
 
 
 def run_agent(kube, tmp_path, uri, *extra):

@@ -13,7 +13,7 @@ import pytest
 
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.controller import Controller
-from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
+from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
 from nodewarm.controller.model import STATE_ANNOTATION
 from nodewarm.testenv.karpenter import KarpenterSim
 
@@ -21,16 +21,6 @@ from controller_fixtures import TAINT, events_for, installed, options, running, 
 
 pytestmark = pytest.mark.kube
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def admin(kube):
-    return kube.api_client()
-
-
-@pytest.fixture(scope="module")
-def k(admin):
-    return Kube(admin)
 
 
 def _owned_by(obj: dict, manager: str) -> set[str]:
@@ -54,7 +44,7 @@ def _paths(tree: dict, prefix: str = "") -> list[str]:
 
 def test_inject_converges_once_keeps_user_parts_and_owns_only_its_fields(admin, k):
     with installed(k) as inst:
-        with running(admin) as c:
+        with running(admin):
             wait_for(lambda: (k.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions"),
                      what="Injected condition on the WarmProfile")
             nc = k.get(inst.nc_res, inst.node_class)

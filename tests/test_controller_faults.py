@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodewarm.bootstrap.nodestatus import report_warm
-from nodewarm.controller.kube import LEASES, NODES, Kube, Resource
+from nodewarm.controller.kube import LEASES, NODES, Resource
 from nodewarm.controller.model import STATE_ANNOTATION
 from nodewarm.testenv.karpenter import KarpenterSim
 
@@ -24,16 +24,6 @@ from controller_fixtures import (
 
 pytestmark = pytest.mark.kube
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def admin(kube):
-    return kube.api_client()
-
-
-@pytest.fixture(scope="module")
-def k(admin):
-    return Kube(admin)
 
 
 @pytest.fixture

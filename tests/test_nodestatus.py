@@ -16,16 +16,9 @@ TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 
 
 @pytest.fixture
-def node(kube):
-    k = Kube(kube.api_client())
-    try:
-        k.delete(NODES, NODE)
-    except ApiException:
-        pass
-    k.create(NODES, {"metadata": {"name": NODE, "labels": {"karpenter.sh/nodepool": "x"}},
-                     "spec": {"providerID": "aws:///us-west-2a/i-0003", "taints": [TAINT]}})
-    yield k
-    k.delete(NODES, NODE)
+def node(k, fresh_node):
+    fresh_node(NODE, [TAINT], labels={"karpenter.sh/nodepool": "x"})
+    return k
 
 
 def _warm(k: Kube) -> dict:
