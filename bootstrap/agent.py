@@ -17,14 +17,15 @@ from pathlib import Path
 
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
+from nodewarm.nodeclasses.labels import (
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
+)
+from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 
 from . import bundle, cachekey, restore
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 
 log = logs.get("bootstrap.agent")
-
-MODEL_MOUNT = "/models"   # where the vLLM pod mounts the weights (nodeclasses.vllm): part of the cache key
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -40,18 +41,15 @@ class AgentConfig:
     load_check: bool = True
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
-    pod_user: str = "root"     # the vLLM container's user: Inductor names its headers dir after it
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
-        """The host side of the vLLM pod's /compile-cache hostPath (XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR,
-        TRITON_CACHE_DIR and TMPDIR as nodeclasses.vllm sets them)."""
-        base = self.mount / "compile-cache"
-        return bundle.CacheDirs(vllm_root=base / "vllm", inductor=base / "inductor", triton=base / "triton",
-                                pch=base / "tmp" / f"torchinductor_{self.pod_user}" / "precompiled_headers")
+        """The host side of the vLLM pod's /compile-cache hostPath (nodeclasses.podlayout)."""
+        d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
+        return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"])
 
     def serving_spec(self) -> cachekey.ServingSpec:
-        return self.spec or cachekey.ServingSpec(model=f"{MODEL_MOUNT}/{self.profile}")
+        return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
 
 
 @dataclass
@@ -64,13 +62,13 @@ class AgentResult:
     timeline: dict[str, str] = field(default_factory=dict)
 
     def annotations(self) -> dict[str, str]:
-        out = {"nodewarm.io/timeline": json.dumps(self.timeline, separators=(",", ":"))}
+        out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
         if self.cache is not None:
             # "cold" until serving proves otherwise; verify-hit later turns it into hit/miss.
-            out["nodewarm.io/compile-cache"] = "restored" if self.cache.status == "restored" else "cold"
-            out["nodewarm.io/compile-cache-reason"] = self.cache.reason
+            out[CACHE_ANNOTATION] = "restored" if self.cache.status == "restored" else "cold"
+            out[CACHE_REASON_ANNOTATION] = self.cache.reason
         if self.weights is not None:
-            out["nodewarm.io/weights"] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
+            out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
                                                      "mbps": self.weights.throughput_mb_s},
                                                     separators=(",", ":"))

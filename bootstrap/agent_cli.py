@@ -44,10 +44,12 @@ def _api_client(kubeconfig: str | None):
 
 def serving_spec(args: argparse.Namespace):
     """The key's serving spec from `bootstrap run` options: the model is the path vLLM reads, /models/<profile>."""
-    from . import agent, cachekey
+    from nodewarm.nodeclasses.podlayout import model_path
+
+    from . import cachekey
 
     engine = dict(item.partition("=")[::2] for item in args.engine_arg)
-    return cachekey.ServingSpec(model=f"{agent.MODEL_MOUNT}/{args.profile}", revision=args.revision, tp=args.tp,
+    return cachekey.ServingSpec(model=model_path(args.profile), revision=args.revision, tp=args.tp,
                                 image=args.image, engine=engine)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from nodewarm import sizing
 from nodewarm.errors import NodewarmError
 
 GiB = 1024**3
@@ -20,10 +21,11 @@ class InsufficientNVMe(NodewarmError):
 
 @dataclass(frozen=True)
 class Headroom:
-    """Space to leave free: the larger of a fraction of the bytes to write and a fixed minimum."""
+    """Space to leave free: the larger of a fraction of the bytes to write and a fixed minimum.
+    (Render-time sizing against the whole NVMe capacity is nodewarm.sizing.required_nvme_gb.)"""
 
-    fraction: float = 0.02
-    minimum_bytes: int = 2 * GiB
+    fraction: float = sizing.NODE_FREE_MARGIN_FRACTION
+    minimum_bytes: int = sizing.NODE_FREE_MARGIN_MIN_BYTES
 
     def for_bytes(self, need: int) -> int:
         return max(int(need * self.fraction), self.minimum_bytes)

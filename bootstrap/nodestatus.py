@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
+from nodewarm.nodeclasses.labels import WARM_CONDITION
 
-WARM_CONDITION = "nodewarm.io/Warm"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 

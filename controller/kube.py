@@ -20,11 +20,12 @@ from urllib.parse import quote
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from nodewarm.nodeclasses.labels import FIELD_MANAGER
+
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
-FIELD_MANAGER = "nodewarm"
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-WARM_CONDITION = "nodewarm.io/Warm"
-STATE_ANNOTATION = "nodewarm.io/state"
-CACHE_ANNOTATION = "nodewarm.io/compile-cache"
-CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
-TIMELINE_ANNOTATION = "nodewarm.io/timeline"
+from nodewarm.nodeclasses.labels import (  # noqa: F401  (re-exported: the controller's modules import them here)
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, NODEPOOL_LABEL, PROFILE_LABEL, TIMELINE_ANNOTATION, WARM_CONDITION,
+)
 
-LABEL_PROFILE = "nodewarm.io/profile"
+STATE_ANNOTATION = "nodewarm.io/state"
+
+LABEL_PROFILE = PROFILE_LABEL
 LABEL_MODEL = "nodewarm.io/model"
 LABEL_CACHE = "nodewarm.io/compile-cache"
 LABEL_WARM = "nodewarm.io/warm"
-
-NODEPOOL_LABEL = "karpenter.sh/nodepool"
 
 
 def parse_time(s: str | None) -> float | None:

@@ -4,6 +4,12 @@ bootstrap and the tests must agree on them."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PROFILE_LABEL = "nodewarm.io/profile"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
-WARM_CONDITION = "nodewarm.io/Warm"
 GPU_TAINT = "nvidia.com/gpu"
 FIELD_MANAGER = "nodewarm"
+
+# Written by the node agent on its own Node (NodeRestriction allows conditions and these annotations).
+WARM_CONDITION = "nodewarm.io/Warm"
+CACHE_ANNOTATION = "nodewarm.io/compile-cache"
+CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
+TIMELINE_ANNOTATION = "nodewarm.io/timeline"
+WEIGHTS_ANNOTATION = "nodewarm.io/weights"

@@ -18,10 +18,9 @@ import json
 from nodewarm.profile import WarmProfile
 
 from .labels import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
+from .podlayout import CACHE_MOUNT, MODEL_MOUNT, cache_dirs, model_path
 
 GIB = 2**30
-MODEL_MOUNT = "/models"
-CACHE_MOUNT = "/compile-cache"
 
 
 def model_loader_extra_config(p: WarmProfile) -> dict:
@@ -34,7 +33,7 @@ def model_loader_extra_config(p: WarmProfile) -> dict:
 def args(p: WarmProfile) -> list[str]:
     s = p.serving
     out = [
-        f"--model={MODEL_MOUNT}/{p.name}",
+        f"--model={model_path(p.name)}",
         f"--served-model-name={p.name}",
         "--load-format=runai_streamer",
         "--model-loader-extra-config=" + json.dumps(model_loader_extra_config(p), separators=(",", ":")),
@@ -51,16 +50,17 @@ def args(p: WarmProfile) -> list[str]:
 
 def env(p: WarmProfile) -> list[dict]:
     s = p.serving
+    d = cache_dirs(CACHE_MOUNT)
     return [
         {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(int(s.chunk_size_gb * GIB))},
         {"name": "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS", "value": str(s.s3_request_timeout_ms)},
         {"name": "RUNAI_STREAMER_S3_LOW_SPEED_LIMIT", "value": str(s.s3_low_speed_limit)},
-        {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
-        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_MOUNT}/inductor"},
-        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
+        {"name": "XDG_CACHE_HOME", "value": str(d["xdg"])},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": str(d["inductor"])},
+        {"name": "TRITON_CACHE_DIR", "value": str(d["triton"])},
         # Inductor keeps its precompiled C++ headers under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says;
         # on the NVMe volume they are restored with the rest of the bundle instead of rebuilt per pod.
-        {"name": "TMPDIR", "value": f"{CACHE_MOUNT}/tmp"},
+        {"name": "TMPDIR", "value": str(d["tmp"])},
     ]
 
 
@@ -76,12 +76,11 @@ def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
     from .launch import serving_spec_args
 
     pub = p.compile_cache.publisher
+    d = cache_dirs(CACHE_MOUNT)
     argv = ["nodewarm", "publish", "--uri", p.compile_cache.uri, "--signing-key", f"{SIGNING_MOUNT}/signing.pem",
-            "--quiet-seconds", str(pub.quiet_seconds), "--model", f"{MODEL_MOUNT}/{p.name}", *serving_spec_args(p),
-            "--vllm-cache-root", f"{CACHE_MOUNT}/vllm", "--inductor-dir", f"{CACHE_MOUNT}/inductor",
-            "--triton-dir", f"{CACHE_MOUNT}/triton",
-            # The vLLM image runs as root: Inductor's headers dir is named after the user.
-            "--pch-dir", f"{CACHE_MOUNT}/tmp/torchinductor_root/precompiled_headers"]
+            "--quiet-seconds", str(pub.quiet_seconds), "--model", model_path(p.name), *serving_spec_args(p),
+            "--vllm-cache-root", str(d["vllm"]), "--inductor-dir", str(d["inductor"]),
+            "--triton-dir", str(d["triton"]), "--pch-dir", str(d["pch"])]
     return {
         "name": "nodewarm-publish",
         "image": pub.image,

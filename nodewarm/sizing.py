@@ -18,6 +18,12 @@ HEADROOM_FRACTION = 0.10
 AUTOMODE_MARGIN_FRACTION = 0.05
 
 
+# On the node, the check is against *free* space at pull time, which already excludes whatever images
+# and caches are on the RAID; so only a margin is kept, for logs and what lands while we pull.
+NODE_FREE_MARGIN_FRACTION = 0.02
+NODE_FREE_MARGIN_MIN_BYTES = 2 * GIB
+
+
 def headroom_gb(model_gb: float) -> float:
     return max(MIN_HEADROOM_GB, model_gb * HEADROOM_FRACTION)
 

@@ -29,6 +29,7 @@ from typing import TextIO
 from nodewarm import logs, profile
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
+from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
 
@@ -290,7 +291,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         f"{', kube-scheduler' if srv.scheduler else ' (no kube-scheduler built: pods are not bound)'}")
     srv.s3.create_bucket(CACHE_BUCKET)
     size_gb = model_listed(srv, files)
-    spec = cachekey.ServingSpec(model=f"/models/{PROFILE_NAME}", tp=1, image="vllm/vllm-openai:v0.21.0",
+    spec = cachekey.ServingSpec(model=model_path(PROFILE_NAME), tp=1, image="vllm/vllm-openai:v0.21.0",
                                 engine={"dtype": "auto"})
     verify_key, cold = seed_compile_cache(srv, work, spec)
     say(f"2. S3 seeded: {size_gb:.2f} GB model (safetensors) and a signed compile-cache bundle from a real "
@@ -363,7 +364,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     # Serving starts: the first compiled call on each node, against the cache the bootstrap restored.
     warm_calls = {}
     for n in names:
-        probe = compile_probe(mounts[n] / "compile-cache" / "inductor", {"TMPDIR": str(mounts[n] / "compile-cache" / "tmp")})
+        d = cache_dirs(mounts[n] / "compile-cache")      # where the bootstrap restored, as the pod sees it
+        probe = compile_probe(Path(d["inductor"]), {"TMPDIR": str(d["tmp"])})
         hit = probe["counters"].get("inductor.fxgraph_cache_hit", 0) > 0
         timelines[n].facts.update(first_call_s=probe["first_call_s"], compile_cache_hit=hit)
         warm_calls[n] = probe["first_call_s"]
