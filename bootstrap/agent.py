@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
+from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
 )
@@ -41,6 +42,7 @@ class AgentConfig:
     load_check: bool = True
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
+    generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -117,6 +119,7 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
     start = time.monotonic()
     result = warm(cfg)
     result.timeline["warm_reported"] = _stamp()
-    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, result.annotations())
+    labels = {GENERATION_LABEL: cfg.generation} if result.warm and cfg.generation else None
+    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, result.annotations(), labels)
     log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))
     return result

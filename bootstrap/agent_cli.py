@@ -10,23 +10,34 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
 
 RUN_DESCRIPTION = """\
-Warm this node, then report it: pull and verify the weights onto the NVMe RAID (see
-`bootstrap weights --help`), restore the compile caches for this node's key (see
-`bootstrap compile-cache restore --help`), and set the Node condition nodewarm.io/Warm with the node's
-own identity (NodeRestriction lets a node set its conditions, never its taints: the controller lifts
-the startup taint when it sees Warm=True).
+The node agent. Reads the WarmProfile named by --profile from the cluster (model, serving image, TP,
+compile cache, region: none of it is in the node's user data, so changing it replaces no node), then
+warms this node: pull and verify the weights onto the NVMe RAID (see `bootstrap weights --help`),
+restore the compile caches for this node's key (see `bootstrap compile-cache restore --help`), label
+the Node nodewarm.io/generation=<what it holds> and set the condition nodewarm.io/Warm with the
+node's own identity (NodeRestriction lets a node set its conditions and labels, never its taints: the
+controller lifts the startup taint when it sees Warm=True).
+
+Then it keeps following the profile: a new generation (model, serving image, engine settings,
+compile cache) is warmed on this node beside the old one when the NVMe has room, otherwise once no
+pod of the old generation runs here; then the label moves and the rendered Deployment's rolling
+update lands new pods here. --once warms and exits instead.
 
 A compile-cache problem never fails the warm-up: the condition says "compile will be cold" and why.
-A weights problem sets Warm=False with its reason (NotInstanceStore, InsufficientNVMe, S3...).
+A weights problem sets Warm=False with its reason (NotInstanceStore, InsufficientNVMe, S3...);
+ProfileNotFound / InvalidProfile / ProfileForbidden when the profile cannot be read.
 
-Credentials: S3 from the standard AWS environment (node role / Pod Identity on EKS). Kubernetes from
---kubeconfig, else $KUBECONFIG, else the kubelet's /var/lib/kubelet/kubeconfig (AL2023 host), else the
-in-cluster ServiceAccount (DaemonSet). The node name: --node-name, else $NODE_NAME, else the hostname.
+Credentials: Kubernetes from --kubeconfig, else $KUBECONFIG, else the kubelet's
+/var/lib/kubelet/kubeconfig (AL2023 host), else the in-cluster ServiceAccount (DaemonSet); it needs
+get/watch on warmprofiles (`nodewarm render` emits that RBAC). S3 from the standard AWS environment
+(node role / Pod Identity on EKS); the region from spec.nodes.region, else the Node's
+topology.kubernetes.io/region label, else instance metadata. The node name: --node-name, else
+$NODE_NAME, else the hostname.
 
-Exit status: 0 warm; 1 not warm (the reason is on stderr and in the condition); 2 bad usage.
+Exit status (--once): 0 warm; 1 not warm (the reason is on stderr and in the condition); 2 bad usage.
+Without --once it runs until stopped.
 """
 
 KUBELET_KUBECONFIG = "/var/lib/kubelet/kubeconfig"
@@ -42,76 +53,51 @@ def _api_client(kubeconfig: str | None):
     return client.ApiClient()
 
 
-def serving_spec(args: argparse.Namespace):
-    """The key's serving spec from `bootstrap run` options: the model is the path vLLM reads, /models/<profile>."""
-    from nodewarm.nodeclasses.podlayout import model_path
+def _run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
 
     from . import cachekey
-
-    engine = dict(item.partition("=")[::2] for item in args.engine_arg)
-    return cachekey.ServingSpec(model=model_path(args.profile), revision=args.revision, tp=args.tp,
-                                image=args.image, engine=engine)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from . import agent, cachekey
+    from .follow import Follower, FollowOptions
 
     runtime = None
     if args.runtime:
         doc = json.loads(Path(args.runtime).read_text())
         runtime = (cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"]))
-    spec = serving_spec(args)
-    cfg = agent.AgentConfig(
-        profile=args.profile, model_uri=args.model_uri, dest=Path(args.dest), mount=Path(args.mount),
-        node_name=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
-        compile_cache_uri=args.compile_cache_uri, verify_key=args.verify_key, spec=spec,
-        allow_non_nvme=args.allow_non_nvme, load_check=not args.skip_load_check, runtime=runtime,
-    )
-    dest = Path(args.dest).resolve()
-    if not (dest == Path(args.mount).resolve() or Path(args.mount).resolve() in dest.parents):
-        raise NodewarmError(f"--dest {args.dest} is not inside --mount {args.mount}: the weights must land on "
-                            "the NVMe RAID", reason="InvalidArgument")
-    result = agent.run(cfg, _api_client(args.kubeconfig))
-    if args.json:
+    opts = FollowOptions(profile=args.profile, mount=Path(args.mount),
+                         node_name=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
+                         load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
+                         runtime=runtime, once=args.once)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    follower = Follower(_api_client(args.kubeconfig), opts, stop)
+    rc = follower.run()
+    result = follower.last
+    if args.json and result is not None:
         json.dump({"warm": result.warm, "reason": result.reason, "message": result.message,
+                   "generation": follower.held.generation if follower.held else None,
                    "timeline": result.timeline,
                    "weights": asdict(result.weights) if result.weights else None,
                    "compileCache": result.cache.to_dict() if result.cache else None}, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
-    if not result.warm:
+    if rc and result is not None and not result.warm:
         print(f"nodewarm: {result.reason}: {result.message}", file=sys.stderr)
-        return 1
-    return 0
+    return rc
 
 
 def register_bootstrap(bsub) -> None:
     p = bsub.add_parser("run", help="the node agent: weights + compile caches, then report Warm on this node",
                         description=RUN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", required=True, help="WarmProfile name (the vLLM pod reads /models/<profile>)")
-    p.add_argument("--model-uri", required=True, help="s3://bucket/prefix/ of the model")
-    p.add_argument("--dest", required=True, help="where the weights go: a directory inside --mount")
+    p.add_argument("--profile", required=True, help="the WarmProfile to warm for and follow")
     p.add_argument("--mount", required=True, help="the NVMe RAID mount (/mnt/k8s-disks/0 or /mnt/.ephemeral)")
-    p.add_argument("--mode", choices=["karpenter", "automode"], default="karpenter")
-    p.add_argument("--region", help="AWS region (exported as AWS_REGION when set)")
     p.add_argument("--node-name", help="this node's name (default $NODE_NAME, else the hostname)")
-    p.add_argument("--kubeconfig", help="credentials to report with (default: see above)")
-    p.add_argument("--allow-non-nvme", action="store_true", help="warm even when --dest is not on NVMe instance store")
+    p.add_argument("--kubeconfig", help="credentials (default: see above)")
+    p.add_argument("--once", action="store_true", help="warm once, report, and exit (no following)")
+    p.add_argument("--allow-non-nvme", action="store_true", help="warm even when the mount is not NVMe instance store")
     p.add_argument("--skip-load-check", action="store_true",
                    help="skip the runai-model-streamer load check (hosts without torch, e.g. the AL2023 artifact)")
-    p.add_argument("--json", action="store_true", help="print the result (weights summary, compile cache) as JSON")
-    g = p.add_argument_group("compile cache (the key must match the serving pod exactly)")
-    g.add_argument("--compile-cache-uri", help="compileCache.uri")
-    g.add_argument("--verify-key", help="compileCache.verifyKey (ed25519 public key, base64 or PEM or a file)")
-    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    g.add_argument("--revision", default="", help="model revision")
-    g.add_argument("--image", default="", help="serving image (digest preferred)")
-    g.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="vLLM config flag; repeatable")
-    g.add_argument("--runtime", help="the serving image's runtime JSON (`compile-cache key --runtime-only`)")
-
-    def run_with_region(args):
-        if args.region:
-            os.environ.setdefault("AWS_REGION", args.region)
-            os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
-        return _run(args)
-
-    p.set_defaults(func=run_with_region)
+    p.add_argument("--json", action="store_true", help="with --once: print the result (weights, compile cache) as JSON")
+    p.add_argument("--runtime", help="the serving image's runtime JSON (`compile-cache key --runtime-only`)")
+    p.set_defaults(func=_run)

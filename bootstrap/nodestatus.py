@@ -42,8 +42,8 @@ def _call(api_client, method: str, path: str, body=None, content_type: str | Non
 
 
 def report_warm(api_client, node_name: str, status: bool, reason: str, message: str,
-                annotations: dict[str, str] | None = None) -> dict:
-    """Set annotations, then the ``nodewarm.io/Warm`` condition, on ``node_name``; returns the Node.
+                annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict:
+    """Set annotations and labels, then the ``nodewarm.io/Warm`` condition, on ``node_name``; returns the Node.
 
     ``lastTransitionTime`` moves only when the status flips (so the controller's phase times mean
     what they say); the heartbeat always moves. ``reason`` is CamelCase (e.g. WeightsVerified,
@@ -55,8 +55,9 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
     want = "True" if status else "False"
     try:
         node = _call(api_client, "GET", path)
-        if annotations:
-            node = _call(api_client, "PATCH", path, {"metadata": {"annotations": dict(annotations)}}, MERGE)
+        if annotations or labels:
+            meta = {"annotations": dict(annotations or {}), "labels": dict(labels or {})}
+            node = _call(api_client, "PATCH", path, {"metadata": {k: v for k, v in meta.items() if v}}, MERGE)
         old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == WARM_CONDITION), None)
         now = _now()
         cond = {"type": WARM_CONDITION, "status": want, "reason": reason, "message": message[:32768],
@@ -69,5 +70,6 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
             raise NodewarmError(f"cannot report Warm on node {node_name}: {e.status} {e.reason}; the agent must use "
                                 "this node's own kubelet credentials (system:node:<name>)", "NodeStatusForbidden") from None
         raise
-    log.info("warm.reported", node=node_name, status=want, reason=reason, annotations=sorted(annotations or {}))
+    log.info("warm.reported", node=node_name, status=want, reason=reason, annotations=sorted(annotations or {}),
+             labels=dict(labels or {}))
     return node

@@ -7,8 +7,9 @@ Run it in-process (demo, tests, bench)::
 
 Keys in the queue are ``claim/<NodeClaim>`` and ``profile/<WarmProfile>``. Every replica lists and
 watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys.
-Deleting a WarmProfile stops gating its NodePool's new nodes but leaves the injected fields in place:
-removing userData/instanceStorePolicy would drift (replace) every node of the class.
+Deleting a WarmProfile (finalizer ``nodewarm.io/cleanup``) takes its startup taint out of the NodePool and off
+the nodes still carrying it, but leaves userData/instanceStorePolicy in place: removing them would drift
+(replace) every node of the class.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -36,11 +37,12 @@ from .kube import (
 )
 from .leader import LeaderConfig, LeaderElector
 from .metrics import HttpEndpoints, Metrics, metrics_routes
-from .model import ClaimView, Condition, NodeView, fmt_time_s
+from .model import NODEPOOL_LABEL, ClaimView, Condition, NodeView, fmt_time_s, parse_time
 from .reflector import Reflector, wait_synced
 from .workqueue import WorkQueue
 
 MAX_CONFLICT_RETRIES = 5
+FINALIZER = "nodewarm.io/cleanup"
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,16 @@ class ProfileView:
     """A WarmProfile object as cached: parsed, or the reason it could not be."""
 
     name: str
+    uid: str
     resource_version: str
     generation: int
+    created: float
+    deleting: bool
+    finalizers: tuple[str, ...]
     profile: WarmProfile | None
     error: str
     conditions: tuple[dict, ...]
+    injected: dict                  # status.injected: what this profile last injected (pool, class, taint key)
 
     @classmethod
     def from_obj(cls, o: dict) -> "ProfileView":
@@ -85,8 +92,11 @@ class ProfileView:
             p, err = from_dict(doc), ""
         except NodewarmError as e:
             p, err = None, e.one_line()
-        return cls(md["name"], md.get("resourceVersion", ""), md.get("generation", 0), p, err,
-                   tuple((o.get("status") or {}).get("conditions") or ()))
+        status = o.get("status") or {}
+        return cls(md["name"], md.get("uid", ""), md.get("resourceVersion", ""), md.get("generation", 0),
+                   parse_time(md.get("creationTimestamp")) or 0.0, bool(md.get("deletionTimestamp")),
+                   tuple(md.get("finalizers") or ()), p, err, tuple(status.get("conditions") or ()),
+                   dict(status.get("injected") or {}))
 
 
 def _generation_view(o: dict) -> tuple[str, int]:
@@ -133,16 +143,32 @@ class Controller:
 
     # -- profiles ------------------------------------------------------------------------------------
     def all_profiles(self) -> list[WarmProfile]:
-        """Static (--profile) first, then WarmProfile objects; the first to claim a NodePool wins."""
+        """Static (--profile) first, then WarmProfile objects, oldest first: who binds a pool or class first."""
         out = list(self.opt.profiles)
         if self.profiles is not None:
-            out += [v.profile for _, v in sorted(self.profiles.store.items()) if v.profile is not None]
+            views = sorted(self.profiles.store.values(), key=lambda v: (v.created, v.name))
+            out += [v.profile for v in views if v.profile is not None and not v.deleting]
         return out
 
     def profile_for_pool(self, pool: str) -> WarmProfile | None:
         for p in self.all_profiles():
             if p.nodes.node_pool == pool:
                 return p
+        return None
+
+    def _owner_conflict(self, p: WarmProfile) -> Condition | None:
+        """A NodePool or NodeClass belongs to the first profile that names it; a second one is refused."""
+        for other in self.all_profiles():
+            if other.name == p.name:
+                return None
+            if other.nodes.node_pool == p.nodes.node_pool:
+                return Condition("Injected", "False", "NodePoolTaken",
+                                 f"NodePool {p.nodes.node_pool} is already bound to WarmProfile {other.name}; "
+                                 "one NodePool serves one profile: use a NodePool of its own")
+            if other.nodes.node_class == p.nodes.node_class and other.nodes.mode == p.nodes.mode:
+                return Condition("Injected", "False", "NodeClassTaken",
+                                 f"NodeClass {p.nodes.node_class} is already bound to WarmProfile {other.name}; "
+                                 "its user data names that profile: give this profile a NodeClass of its own")
         return None
 
     # -- informer handlers (cheap: index and enqueue) --------------------------------------------------
@@ -240,6 +266,8 @@ class Controller:
             return None
         p = self.profile_for_pool(claim.nodepool)
         node = self._node_for(claim)
+        if p is not None and node is not None and not node.has_taint(p.readiness.taint_key):
+            p = self._gated_by_retired_key(p, node)
         for _ in range(MAX_CONFLICT_RETRIES):
             plan = planner.plan_claim(claim, node, p, time.time())
             if plan.action == planner.NONE:
@@ -264,6 +292,14 @@ class Controller:
                 self.log.info("decision.conflict", nodeclaim=name, node=node.name, status=e.status)
                 node = NodeView.from_obj(self.kube.get(NODES, node.name))
         raise RuntimeError(f"node for NodeClaim {name} kept changing; giving up after {MAX_CONFLICT_RETRIES} tries")
+
+    def _gated_by_retired_key(self, p: WarmProfile, node: NodeView) -> WarmProfile:
+        """A node registered before a taintKey rename carries the old key: gate it by that key."""
+        view = self.profiles.store.get(p.name) if self.profiles is not None else None
+        for key in (view.injected.get("retiredTaintKeys") or ()) if view else ():
+            if node.has_taint(key):
+                return replace(p, readiness=replace(p.readiness, taint_key=key))
+        return p
 
     def _execute(self, plan: planner.Plan, claim: ClaimView, node: NodeView | None) -> None:
         if plan.action == planner.DELETE_CLAIM:
@@ -291,18 +327,25 @@ class Controller:
     def reconcile_profile(self, name: str):
         static = {p.name: p for p in self.opt.profiles}
         view = self.profiles.store.get(name) if self.profiles is not None else None
+        if view is not None and view.deleting:
+            return self._clean_up(view)
         p = static.get(name) or (view.profile if view else None)
         if p is None:
             if view is not None and view.error:
                 self._set_profile_condition(view, Condition("Injected", "False", "InvalidProfile", view.error))
             return None
-        owner = self.profile_for_pool(p.nodes.node_pool)
-        if owner is not None and owner.name != p.name:
-            cond = Condition("Injected", "False", "NodePoolTaken",
-                             f"NodePool {p.nodes.node_pool} is already bound to WarmProfile {owner.name}")
-            self._set_profile_condition(view, cond)
+        taken = self._owner_conflict(p)
+        if taken is not None:
+            self._profile_event(view, taken)
+            self._set_profile_condition(view, taken)
             return None
-        result = self.injector.reconcile(p)
+        if view is not None and FINALIZER not in view.finalizers and not self.opt.dry_run:
+            # Before the first injection: from then on a deletion waits for the clean-up.
+            after = self.kube.merge_patch(WARMPROFILES, view.name, {"metadata": {
+                "resourceVersion": view.resource_version, "finalizers": [*view.finalizers, FINALIZER]}})
+            view = ProfileView.from_obj(after)
+            self.profiles.store[view.name] = view
+        result = self.injector.reconcile(p, (view.injected.get("taintKey") if view else None))
         for t in result.targets:
             if t.applied:
                 self.metrics.injections.labels(t.kind, "applied").inc()
@@ -312,25 +355,113 @@ class Controller:
                 self.metrics.injections.labels(t.kind, "audit").inc()
             else:
                 self.metrics.injections.labels(t.kind, "uptodate").inc()
+        if result.warning:
+            self.metrics.injections.labels("WarmProfile", result.condition.reason).inc()
+            self._profile_event(view, result.condition)
         self.log.info("inject", profile=p.name, reason=result.condition.reason, message=result.condition.message)
-        self._set_profile_condition(view, result.condition)
+        injected = None
+        if result.condition.status == "True":
+            # A renamed taintKey: nodes registered with the old key are still gated by it (reconcile_claim).
+            old = view.injected if view else {}
+            retired = set(old.get("retiredTaintKeys") or ()) | ({old["taintKey"]} if old.get("taintKey") else set())
+            injected = {"nodePool": p.nodes.node_pool, "nodeClass": p.nodes.node_class,
+                        "taintKey": p.readiness.taint_key,
+                        "retiredTaintKeys": sorted(retired - {p.readiness.taint_key})}
+        self._set_profile_condition(view, result.condition, injected)
         return result
 
-    def _set_profile_condition(self, view: ProfileView | None, cond: Condition) -> None:
+    def _profile_event(self, view: ProfileView | None, cond: Condition) -> None:
+        """A Warning event on the WarmProfile, once per new reason/message (the condition is the record)."""
+        if view is None:
+            return
+        old = next((c for c in view.conditions if c.get("type") == cond.type), None)
+        if old and (old.get("reason"), old.get("message")) == (cond.reason, cond.message):
+            return
+        self.events.emit(planner.EventSpec("WarmProfile", view.name, view.uid, cond.reason, cond.message, "Warning"))
+
+    def _clean_up(self, view: ProfileView):
+        """A deleted WarmProfile: its startup taint leaves the NodePool (new nodes would stay tainted until
+        expireAfter, 720 h by default) and the nodes still carrying it; then the finalizer goes.
+        The NodeClass's user data stays: removing it would replace every node, and an agent whose profile is
+        gone only reports ProfileNotFound."""
+        if FINALIZER not in view.finalizers or self.opt.dry_run:
+            return None
+        pool = view.injected.get("nodePool") or (view.profile.nodes.node_pool if view.profile else None)
+        keys = {k for k in (view.injected.get("taintKey"), view.profile and view.profile.readiness.taint_key,
+                            *(view.injected.get("retiredTaintKeys") or ())) if k}
+        if pool and any(other.nodes.node_pool == pool for other in self.all_profiles()):
+            keys -= {other.readiness.taint_key for other in self.all_profiles() if other.nodes.node_pool == pool}
+        for key in sorted(keys) if pool else ():
+            try:
+                done = self.injector.release(pool, key)
+            except ApiException as e:
+                if e.status == 404:
+                    done = None
+                elif e.status == 409:
+                    from .inject import conflict_managers
+
+                    managers, _ = conflict_managers(e)
+                    self.events.emit(planner.EventSpec(
+                        "WarmProfile", view.name, view.uid, "CleanupConflict",
+                        f"startupTaint {key} in NodePool {pool} is owned by field manager {', '.join(managers)}; "
+                        "remove it from that manager's copy", "Warning"))
+                    done = None
+                else:
+                    raise
+            if done is not None and done.applied:
+                self.events.emit(planner.EventSpec("NodePool", pool, "", "NodewarmReleased",
+                                                   f"WarmProfile {view.name} deleted: removed startupTaint {key}"))
+            lifted = self._lift_taint(pool, key)
+            self.log.info("profile.cleaned", profile=view.name, nodepool=pool, taint=key, nodes_untainted=lifted)
+        ops = [{"op": "test", "path": "/metadata/finalizers", "value": list(view.finalizers)},
+               {"op": "replace", "path": "/metadata/finalizers", "value": [f for f in view.finalizers if f != FINALIZER]}]
+        try:
+            self.kube.json_patch(WARMPROFILES, view.name, ops)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        return None
+
+    def _lift_taint(self, pool: str, key: str) -> int:
+        """Remove ``key`` from every node of ``pool`` still carrying it (guarded, like the gate's untaint)."""
+        lifted = 0
+        for node in list(self.nodes.store.values()):
+            if node.labels.get(NODEPOOL_LABEL) != pool or not node.has_taint(key):
+                continue
+            for _ in range(MAX_CONFLICT_RETRIES):
+                try:
+                    self.kube.json_patch(NODES, node.name, planner.guarded_taint_removal(node, key))
+                    lifted += 1
+                    break
+                except ApiException as e:
+                    if e.status == 404:
+                        break
+                    if e.status not in (409, 422):
+                        raise
+                    node = NodeView.from_obj(self.kube.get(NODES, node.name))
+                    if not node.has_taint(key):
+                        break
+        return lifted
+
+    def _set_profile_condition(self, view: ProfileView | None, cond: Condition, injected: dict | None = None) -> None:
         """WarmProfile status is ours (our CRD): one condition per phase, written only when it changes,
         with the object's resourceVersion so a concurrent writer makes us re-read instead of clobbering."""
         if view is None or self.opt.dry_run:
             return
         old = next((c for c in view.conditions if c.get("type") == cond.type), None)
-        if old and (old.get("status"), old.get("reason"), old.get("message")) == (cond.status, cond.reason, cond.message):
+        same = old and (old.get("status"), old.get("reason"), old.get("message")) == (cond.status, cond.reason, cond.message)
+        if same and (injected is None or injected == view.injected):
             return
         now = fmt_time_s(time.time())
         new = {"type": cond.type, "status": cond.status, "reason": cond.reason, "message": cond.message[:4096],
                "lastTransitionTime": old.get("lastTransitionTime", now) if old and old.get("status") == cond.status else now,
                "observedGeneration": view.generation}
         conds = [c for c in view.conditions if c.get("type") != cond.type] + [new]
+        status: dict = {"conditions": conds}
+        if injected is not None:
+            status["injected"] = injected
         self.kube.merge_patch(WARMPROFILES, view.name, {"metadata": {"resourceVersion": view.resource_version},
-                                                        "status": {"conditions": conds}}, sub="status")
+                                                        "status": status}, sub="status")
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def healthy(self) -> bool:

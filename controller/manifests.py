@@ -5,9 +5,10 @@ What it may do, and why each rule exists:
   readiness taint, label the node, record its state). No update/delete: it never replaces or removes nodes.
 * nodeclaims: get/list/watch, and delete (``onDeadline: replace`` is "delete the NodeClaim so Karpenter
   launches another"). No patch: NodeClaims are Karpenter's.
-* nodepools, ec2nodeclasses, Auto Mode nodeclasses: get/list/watch + patch (server-side apply of the
-  startup taint / RAID0 + user data / ephemeral storage size). No create: render creates them.
-* warmprofiles: get/list/watch; warmprofiles/status: patch (the Injected condition).
+* nodepools, ec2nodeclasses, Auto Mode nodeclasses: get/list/watch + patch (server-side apply, never forced,
+  of the startup taint / RAID0 + user data / ephemeral storage size). No create: render creates them.
+* warmprofiles: get/list/watch, patch (its finalizer, so a deleted profile's startup taint is cleaned up);
+  warmprofiles/status: patch (the Injected condition and what was injected).
 * events: create, in the ``default`` namespace only (where events about cluster-scoped objects go).
 * leases: in the controller's own namespace only (leader election).
 """
@@ -32,7 +33,7 @@ def cluster_rules() -> list[dict]:
         _rule(["karpenter.sh"], ["nodepools"], read + ["patch"]),
         _rule(["karpenter.k8s.aws"], ["ec2nodeclasses"], read + ["patch"]),
         _rule(["eks.amazonaws.com"], ["nodeclasses"], read + ["patch"]),
-        _rule(["nodewarm.io"], ["warmprofiles"], read),
+        _rule(["nodewarm.io"], ["warmprofiles"], read + ["patch"]),
         _rule(["nodewarm.io"], ["warmprofiles/status"], ["patch"]),
     ]
 

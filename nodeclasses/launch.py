@@ -1,23 +1,18 @@
-"""WarmProfile -> how the node starts the bootstrap (the user-data part, or the DaemonSet on Auto Mode)."""
+"""WarmProfile -> how the node starts the agent (the user-data part, or the DaemonSet on Auto Mode), and the
+serving spec the agent and the publisher build the compile-cache key from."""
 
 from __future__ import annotations
 
-import os
-
-from nodewarm import __version__
 from nodewarm.errors import ProfileError
 from nodewarm.profile import WarmProfile
 from nodewarm.userdata.launch import BootstrapLaunch
 
-
-def region_of(p: WarmProfile) -> str:
-    region = p.nodes.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region:
-        raise ProfileError("spec.nodes.region", None, "set the cluster's AWS region (or export AWS_REGION)")
-    return region
+from .podlayout import model_path
 
 
 def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
+    """Only node-level facts: the profile's name, the NVMe mount and the pinned launcher artifact. The agent
+    reads everything else from the WarmProfile object at boot, so a serving change drifts no node."""
     b = p.bootstrap
     # The DaemonSet launcher runs nodewarm from its image; only the user-data launcher fetches the artifact.
     needs_artifact = p.nodes.mode == "karpenter" and not p.nodes.ami_alias.startswith("bottlerocket@")
@@ -26,38 +21,39 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
         raise ProfileError(missing, None, "run `nodewarm package`, upload the file it builds, and put its "
                                           "s3:// URI and sha256 here (nodes verify the sha256 before running it)")
     return BootstrapLaunch(
-        artifact_uri=b.artifact_uri,
-        artifact_sha256=b.artifact_sha256,
         profile=p.name,
-        model_uri=p.model.uri,
-        dest_dir=p.warm_dir,
-        compile_cache_uri=p.compile_cache.uri,
-        mode=p.nodes.mode,
         cache_mount=p.nodes.cache_mount,
-        region=region_of(p),
-        nodewarm_version=__version__,
-        cache_key_args=cache_key_args(p),
+        artifact_uri=b.artifact_uri if needs_artifact else None,
+        artifact_sha256=b.artifact_sha256 if needs_artifact else None,
     )
 
 
-def cache_key_args(p: WarmProfile) -> tuple[str, ...]:
-    """What the node's compile-cache key needs from the profile, as `bootstrap run` options. The model
-    string is the path vLLM is started with, so it is derived on the node from the profile name."""
-    args = list(serving_spec_args(p))
-    if p.compile_cache.verify_key:
-        args += ["--verify-key", p.compile_cache.verify_key]
-    return tuple(args)
+def serving_engine(p: WarmProfile) -> dict[str, str]:
+    s = p.serving
+    engine = {"dtype": s.dtype}
+    if s.max_model_len:
+        engine["max_model_len"] = str(s.max_model_len)
+    return engine
 
 
 def serving_spec_args(p: WarmProfile) -> tuple[str, ...]:
-    """The serving spec options shared by `bootstrap run` (restore) and `publish`: both must build the
-    same key from the same profile, so both take them from here."""
+    """The serving spec as `publish` options. The node agent builds the same spec from the same profile
+    (nodewarm.bootstrap.profilesource), so publisher and node agree on the compile-cache key."""
     s = p.serving
-    args = ["--tp", str(s.tensor_parallel_size), "--engine-arg", f"dtype={s.dtype}"]
-    if s.max_model_len:
-        args += ["--engine-arg", f"max_model_len={s.max_model_len}"]
+    args = ["--tp", str(s.tensor_parallel_size)]
+    for k, v in serving_engine(p).items():
+        args += ["--engine-arg", f"{k}={v}"]
     if p.model.revision:
         args += ["--revision", p.model.revision]
     if s.image:
         args += ["--image", s.image]
     return tuple(args)
+
+
+def serving_spec(p: WarmProfile):
+    """The compile-cache key's serving spec, as the node agent uses it (the model string is the path vLLM is
+    started with)."""
+    from nodewarm.bootstrap import cachekey
+
+    return cachekey.ServingSpec(model=model_path(p.name), revision=p.model.revision,
+                                tp=p.serving.tensor_parallel_size, image=p.serving.image, engine=serving_engine(p))

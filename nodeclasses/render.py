@@ -13,7 +13,7 @@ from nodewarm.errors import ProfileError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 
-from . import automode, ec2nodeclass, iam, nodepool, vllm
+from . import agentaccess, automode, ec2nodeclass, iam, nodepool, vllm
 from .launch import bootstrap_launch
 
 
@@ -61,6 +61,8 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
 
         docs += daemonset.manifests(bootstrap_launch(p), nodepool=p.nodes.node_pool, image=bootstrap_image(p),
                                     readiness_taint_key=p.readiness.taint_key, namespace=p.serving.namespace)
+    else:
+        docs += agentaccess.node_rbac()
     docs += [vllm.deployment(p), vllm.service(p)]
     return Rendered(docs, iam.node_policy(p), budget)
 

@@ -9,12 +9,16 @@ Deliberate choices:
   the bootstrap restored the caches.
 * NO toleration of the readiness taint: the pod must not land before the node is warm. Only the GPU
   taint is tolerated.
+* a nodeSelector on ``nodewarm.io/generation``: the node agent labels its Node with the generation it holds
+  (nodewarm.generation), so a rolling update of the serving image or model puts new pods only on nodes
+  already warm for them, and no node is replaced or re-tainted for it.
 """
 
 from __future__ import annotations
 
 import json
 
+from nodewarm.generation import GENERATION_LABEL, generation
 from nodewarm.profile import WarmProfile
 
 from .labels import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
@@ -101,7 +105,7 @@ def pod_spec(p: WarmProfile) -> dict:
     s = p.serving
     gpus = str(s.tensor_parallel_size)
     spec = {
-        "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool},
+        "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool, GENERATION_LABEL: generation(p)},
         "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [{
             "name": "vllm",
@@ -123,7 +127,7 @@ def pod_spec(p: WarmProfile) -> dict:
         "volumes": [
             # type Directory, not DirectoryOrCreate: a node without the warmed weights must fail the pod
             # loudly instead of serving from an empty directory created on the root EBS volume.
-            {"name": "weights", "hostPath": {"path": p.warm_dir, "type": "Directory"}},
+            {"name": "weights", "hostPath": {"path": p.model_dir, "type": "Directory"}},
             {"name": "compile-cache", "hostPath": {"path": p.compile_cache_dir, "type": "DirectoryOrCreate"}},
         ],
     }
@@ -144,7 +148,9 @@ def deployment(p: WarmProfile) -> dict:
         "spec": {
             "replicas": p.serving.replicas,
             "selector": {"matchLabels": lab},
-            "template": {"metadata": {"labels": lab}, "spec": pod_spec(p)},
+            # The generation is in the template, not the selector (immutable): the agent on a node finds the
+            # pods still serving an older generation by it before it frees their weights.
+            "template": {"metadata": {"labels": {**lab, GENERATION_LABEL: generation(p)}}, "spec": pod_spec(p)},
         },
     }
 

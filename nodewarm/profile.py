@@ -90,6 +90,12 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class Injection:
+    mode: str                      # inject | verify
+    on_live: str                   # refuse | drift
+
+
+@dataclass(frozen=True)
 class Bootstrap:
     image: str | None
     artifact_uri: str | None
@@ -106,6 +112,7 @@ class WarmProfile:
     compile_cache: CompileCache
     readiness: Readiness
     bootstrap: Bootstrap
+    injection: Injection = Injection("inject", "refuse")
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -119,9 +126,16 @@ class WarmProfile:
         return sizing.streamer_concurrency(self.size_gb, self.serving.chunk_size_gb)
 
     @property
-    def warm_dir(self) -> str:
-        """Where the weights land on the node, and where vLLM reads them from."""
+    def models_dir(self) -> str:
+        """The profile's folder of weights on the node: one subfolder per model identity (generation.model_key)."""
         return f"{self.nodes.cache_mount}/nodewarm/models/{self.name}"
+
+    @property
+    def model_dir(self) -> str:
+        """Where this model's weights land on the node, and where vLLM reads them from."""
+        from .generation import model_key
+
+        return f"{self.models_dir}/{model_key(self)}"
 
     @property
     def compile_cache_dir(self) -> str:
@@ -217,13 +231,29 @@ def from_dict(doc: dict) -> WarmProfile:
             artifact_sha256=b.get("artifactSha256"),
             allow_non_nvme=b.get("allowNonNvme", False),
         ),
+        injection=Injection(mode=s.get("injection", {}).get("mode", "inject"),
+                            on_live=s.get("injection", {}).get("onLive", "refuse")),
         raw=doc,
     )
+
+
+# Taint keys owned by Kubernetes, Karpenter or the GPU stack: a startup taint under one of them would be
+# lifted (or kept) by someone else, or lift theirs.
+RESERVED_TAINT_PREFIXES = ("karpenter.sh/", "karpenter.k8s.aws/", "node.kubernetes.io/",
+                           "node.cloudprovider.kubernetes.io/", "node-role.kubernetes.io/", "kubernetes.io/")
+RESERVED_TAINT_KEYS = ("nvidia.com/gpu",)
+
+
+def check_taint_key(key: str, field: str = "spec.readiness.taintKey") -> None:
+    if key in RESERVED_TAINT_KEYS or any(key.startswith(pre) for pre in RESERVED_TAINT_PREFIXES):
+        raise ProfileError(field, key, "this key belongs to Kubernetes, Karpenter or the GPU stack; use one of "
+                           "your own, e.g. nodewarm.io/warming (the default)")
 
 
 def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
+    check_taint_key(p.readiness.taint_key)
     for i, name in enumerate(n.instance_types):
         if name not in types:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,

@@ -62,12 +62,15 @@ class Installed:
 
     def __init__(self, k: Kube, mode: str = "karpenter", user_data: str | None = USER_MIME, deadline: str = "20m",
                  on_deadline: str = "untaint", inject_ready: bool = False, create_profile_object: bool = True,
-                 user_startup_taints: tuple[dict, ...] = ({"key": "example.com/agent", "effect": "NoExecute"},)):
+                 user_startup_taints: tuple[dict, ...] = ({"key": "example.com/agent", "effect": "NoExecute"},),
+                 manager: str | None = None, **spec):
+        """``manager``: the user's objects are server-side applied by that field manager (a GitOps tool)
+        instead of created; ``spec``: more profile fields, as for profiles.v (``spec__injection__onLive=...``)."""
         self.k = k
         name = uniq(f"wp{mode[:2]}")
         self.doc = v(mode, metadata__name=name, spec__nodes__nodePool=f"{name}-pool",
                      spec__nodes__nodeClass=f"{name}-class", spec__readiness__deadline=deadline,
-                     spec__readiness__onDeadline=on_deadline)
+                     spec__readiness__onDeadline=on_deadline, **spec)
         self.profile = profile.from_dict(self.doc)
         types = instancetypes.lookup(list(self.profile.nodes.instance_types))
         # The same renderers `nodewarm render` uses (not the whole render: no DaemonSet/vLLM needed here).
@@ -87,9 +90,18 @@ class Installed:
                 spec["userData"] = user_data
                 if user_data is None:
                     spec.pop("userData")
-            self.nodepool["spec"]["template"]["spec"]["startupTaints"] = [dict(t) for t in user_startup_taints]
-        k.create(self.nc_res, self.nodeclass)
-        k.create(NODEPOOLS, self.nodepool)
+            tspec = self.nodepool["spec"]["template"]["spec"]
+            tspec["startupTaints"] = [dict(t) for t in user_startup_taints]
+            if not user_startup_taints:
+                del tspec["startupTaints"]      # unset, not an empty list someone owns
+        self.manager = manager
+        if manager:
+            from nodewarm.kubeapply import apply
+
+            apply(k.api, [self.nodeclass, self.nodepool], field_manager=manager)
+        else:
+            k.create(self.nc_res, self.nodeclass)
+            k.create(NODEPOOLS, self.nodepool)
         self.profile_object = None
         if create_profile_object:
             self.profile_object = k.create(WARMPROFILES, render.warmprofile_document(self.profile))
@@ -114,6 +126,12 @@ class Installed:
             if n["metadata"].get("labels", {}).get("karpenter.sh/nodepool") == self.pool:
                 _delete(self.k, NODES, n["metadata"]["name"])
         if self.profile_object is not None:
+            # No controller may be running any more to honour its finalizer.
+            try:
+                self.k.merge_patch(WARMPROFILES, self.name, {"metadata": {"finalizers": None}})
+            except ApiException as e:
+                if e.status != 404:
+                    raise
             _delete(self.k, WARMPROFILES, self.name)
         _delete(self.k, NODEPOOLS, self.pool)
         _delete(self.k, self.nc_res, self.node_class)

@@ -1,5 +1,6 @@
-"""`nodewarm bootstrap run`: weights -> compile caches -> the node's Warm condition, as the node itself,
-against the real S3 server and the real API server (NodeRestriction on)."""
+"""`nodewarm bootstrap run --once`: read the WarmProfile, weights -> compile caches -> the node's Warm
+condition and generation label, as the node itself (kubelet token, NodeRestriction on), against the real S3
+server and the real API server."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 
 import pytest
 
+from agent_fixtures import agent_rbac, node_kubeconfig, profile_doc, warmprofile  # noqa: F401  (fixtures)
 from bootstrap_fixtures import model_files, put_model
+from nodewarm import generation, profile
 from nodewarm.bootstrap import signing
 from nodewarm.cli import main
 from nodewarm.controller.kube import NODES
@@ -24,49 +27,82 @@ def node(k, fresh_node):
     return k
 
 
-def run_agent(kube, tmp_path, uri, *extra):
-    kcfg = kube.write_kubeconfig(tmp_path / "kubeconfig-node", kube.node_token(NODE), f"system:node:{NODE}")
+def run_agent(kube, tmp_path, name, *extra):
     mount = tmp_path / "nvme"
     mount.mkdir(exist_ok=True)
-    return main(["bootstrap", "run", "--profile", "m", "--model-uri", uri, "--dest", str(mount / "models" / "m"),
-                 "--mount", str(mount), "--node-name", NODE, "--kubeconfig", str(kcfg), "--skip-load-check", *extra])
+    return main(["bootstrap", "run", "--profile", name, "--mount", str(mount), "--node-name", NODE,
+                 "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once", *extra])
 
 
 def warm_condition(k):
     return next(c for c in k.get(NODES, NODE)["status"]["conditions"] if c["type"] == "nodewarm.io/Warm")
 
 
-def test_warm_node_reports_weights_and_a_cold_cache_with_its_reason(kube, aws_env, node, tmp_path, capsys):
+def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_generation(
+        kube, aws_env, node, warmprofile, tmp_path, capsys):
     files = model_files(shards=2, mib_per_shard=1)
     uri = put_model(aws_env, files)
     key = signing.generate(tmp_path / "signing.key").public
-    rc = run_agent(kube, tmp_path, uri, "--allow-non-nvme", "--compile-cache-uri", "s3://nocache-bucket/cc/",
-                   "--verify-key", key, "--json")
+    doc = profile_doc("agent-a", uri, **{"compileCache.verifyKey": key, "bootstrap.allowNonNvme": True})
+    warmprofile(doc)
+    rc = run_agent(kube, tmp_path, "agent-a", "--json")
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["warm"] is True
     assert out["weights"]["files"] == len(files) and out["weights"]["ok"]
+    p = profile.from_dict(doc)
+    # The weights went where the rendered Deployment's hostPath points, relative to this node's mount.
+    assert out["weights"]["dest"] == str(tmp_path / "nvme" / "nodewarm" / "models" / "agent-a" / generation.model_key(p))
     cond = warm_condition(node)
     assert (cond["status"], cond["reason"]) == ("True", "WeightsVerified")
     assert "compile will be cold" in cond["message"]
-    ann = node.get(NODES, NODE)["metadata"]["annotations"]
-    assert ann["nodewarm.io/compile-cache"] == "cold" and ann["nodewarm.io/compile-cache-reason"]
-    assert set(json.loads(ann["nodewarm.io/timeline"])) >= {"agent_started", "weights_done", "warm_reported"}
+    got = node.get(NODES, NODE)["metadata"]
+    assert got["labels"][generation.GENERATION_LABEL] == generation.generation(p) == out["generation"]
+    assert got["annotations"]["nodewarm.io/compile-cache"] == "cold"
+    assert set(json.loads(got["annotations"]["nodewarm.io/timeline"])) >= {"agent_started", "weights_done",
+                                                                           "warm_reported"}
     # The node reported; it did not (and could not) lift its own taint.
     assert TAINT in node.get(NODES, NODE)["spec"]["taints"]
 
 
-def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, node, tmp_path, capsys):
+def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, node, warmprofile, tmp_path, capsys):
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    rc = run_agent(kube, tmp_path, uri)
+    warmprofile(profile_doc("agent-b", uri))
+    rc = run_agent(kube, tmp_path, "agent-b")
     assert rc == 1
     assert "NotInstanceStore" in capsys.readouterr().err
     cond = warm_condition(node)
     assert (cond["status"], cond["reason"]) == ("False", "NotInstanceStore")
     assert not list((tmp_path / "nvme").rglob("*.safetensors"))
+    assert generation.GENERATION_LABEL not in (node.get(NODES, NODE)["metadata"].get("labels") or {})
 
 
-def test_dest_outside_the_mount_is_refused_before_any_work(kube, aws_env, node, tmp_path, capsys):
-    kcfg = kube.write_kubeconfig(tmp_path / "k", kube.node_token(NODE), f"system:node:{NODE}")
-    rc = main(["bootstrap", "run", "--profile", "m", "--model-uri", "s3://b/p/", "--dest", str(tmp_path / "else"),
-               "--mount", str(tmp_path / "nvme"), "--node-name", NODE, "--kubeconfig", str(kcfg)])
-    assert rc != 0 and "not inside --mount" in capsys.readouterr().err
+def test_a_missing_profile_is_reported_on_the_node(kube, aws_env, node, warmprofile, tmp_path, capsys):
+    rc = run_agent(kube, tmp_path, "agent-absent")
+    assert rc == 1
+    cond = warm_condition(node)
+    assert (cond["status"], cond["reason"]) == ("False", "ProfileNotFound")
+    assert "agent-absent" in cond["message"]
+
+
+def test_without_the_rendered_rbac_the_node_cannot_read_profiles(kube, admin, k, node, tmp_path):
+    """The binding `nodewarm render` emits is what grants it: without it the kubelet identity is refused."""
+    from kubernetes import client
+
+    from nodewarm.bootstrap import profilesource
+    from nodewarm.errors import NodewarmError
+
+    rbac = client.RbacAuthorizationV1Api(admin)
+    saved = rbac.read_cluster_role_binding("nodewarm-agent:nodes")
+    rbac.delete_cluster_role_binding("nodewarm-agent:nodes")
+    try:
+        from kubernetes import config
+        api = config.new_client_from_config(config_file=str(node_kubeconfig(kube, tmp_path, NODE)))
+        with pytest.raises(NodewarmError) as e:
+            for _ in range(50):        # RBAC changes reach the authorizer's cache within a moment
+                profilesource.get_profile(api, "anything")
+                import time
+                time.sleep(0.1)
+        assert e.value.reason == "ProfileForbidden"
+    finally:
+        saved.metadata.resource_version = None
+        rbac.create_cluster_role_binding(saved)

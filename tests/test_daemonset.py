@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 
 from nodewarm.userdata.daemonset import NAME, manifests
@@ -17,11 +12,7 @@ READINESS_TAINT = "readiness.k8s.io/model-cache-warm"
 
 
 def launch() -> BootstrapLaunch:
-    return BootstrapLaunch(
-        profile="llama-8b", model_uri="s3://models/llama-3.1-8b/", dest_dir="/mnt/.ephemeral/nodewarm/llama",
-        compile_cache_uri="s3://cache-bucket/compile/", mode="automode", cache_mount="/mnt/.ephemeral",
-        region="us-west-2", nodewarm_version="0.1.0",
-    )
+    return BootstrapLaunch(profile="llama-8b", cache_mount="/mnt/.ephemeral")
 
 
 def render(**overrides) -> list[dict]:
@@ -47,44 +38,24 @@ def test_selected_by_nodepool_and_tolerating_only_readiness_and_gpu_taints():
     assert all(t.get("key") for t in pod["tolerations"])
 
 
-def test_warms_in_a_privileged_init_container_on_the_nvme_hostpath():
+def test_the_agent_runs_as_the_one_privileged_container_on_the_nvme_hostpath():
     pod = daemonset(render())["spec"]["template"]["spec"]
-    [warm] = pod["initContainers"]
-    assert warm["command"] == ["nodewarm"] and warm["args"] == launch().bootstrap_argv()
-    assert warm["securityContext"] == {"privileged": True}
-    assert warm["volumeMounts"] == [{"name": "nvme", "mountPath": "/mnt/.ephemeral",
-                                     "mountPropagation": "HostToContainer"}]
+    assert "initContainers" not in pod          # the agent keeps running: it follows its WarmProfile
+    [agent] = pod["containers"]
+    assert agent["command"] == ["nodewarm"] and agent["args"] == launch().bootstrap_argv()
+    assert agent["args"] == ["bootstrap", "run", "--profile", "llama-8b", "--mount", "/mnt/.ephemeral"]
+    assert agent["securityContext"] == {"privileged": True}
+    assert agent["volumeMounts"] == [{"name": "nvme", "mountPath": "/mnt/.ephemeral",
+                                      "mountPropagation": "HostToContainer"}]
     assert pod["volumes"] == [{"name": "nvme", "hostPath": {"path": "/mnt/.ephemeral", "type": "Directory"}}]
-    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in warm["env"]
-    [idle] = pod["containers"]
-    assert "volumeMounts" not in idle and "securityContext" not in idle
-
-
-def _handles_sigterm(pid: int) -> bool:
-    caught = next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigCgt:"))
-    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
-
-
-def test_idle_container_stops_on_sigterm():
-    [idle] = daemonset(render())["spec"]["template"]["spec"]["containers"]
-    assert idle["command"][0] == "python3"
-    proc = subprocess.Popen([sys.executable, *idle["command"][1:]])
-    try:
-        for _ in range(600):                            # until the handler is installed (or it died)
-            if proc.poll() is not None or _handles_sigterm(proc.pid):
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the idle container exited on its own"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0               # PID 1 in the pod: SIGTERM must end it
-    finally:
-        proc.kill()
+    # No region: the agent reads its Node's region label (pods on Auto Mode cannot reach instance metadata).
+    assert agent["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
 
 def test_rbac_reports_status_but_cannot_touch_taints():
     role = next(d for d in render() if d["kind"] == "ClusterRole")
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == {("nodes", "get"), ("nodes/status", "patch")}
+    assert granted == {("nodes", "get"), ("nodes/status", "patch"), ("warmprofiles", "get"), ("warmprofiles", "watch")}
 
 
 def test_service_account_annotations_for_irsa():
@@ -110,7 +81,7 @@ def test_the_apiserver_accepts_it_and_rbac_holds(kube):
     for doc in docs:
         utils.create_from_dict(admin, doc)
     stored = client.AppsV1Api(admin).read_namespaced_daemon_set("nodewarm-bootstrap-gpu-ds-test", "nodewarm-ds-test")
-    assert stored.spec.template.spec.init_containers[0].security_context.privileged is True
+    assert stored.spec.template.spec.containers[0].security_context.privileged is True
     assert stored.spec.template.spec.volumes[0].host_path.type == "Directory"
 
     node_name = "nodewarm-ds-test-node"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes, profile
 from nodewarm.kubeapply import apply
@@ -34,8 +35,11 @@ def test_automode_owns_only_ephemeral_storage_size():
 
 
 @pytest.mark.kube
-def test_injection_keeps_gitops_fields_and_user_parts_and_converges(kube):
+def test_injection_keeps_user_parts_converges_and_never_forces_a_gitops_field(kube):
     from kubernetes.dynamic import DynamicClient
+
+    from nodewarm.controller.inject import conflict_managers
+    from nodewarm.controller.kube import EC2NODECLASSES, Kube
 
     p, types = prof(spec__nodes__nodeClass="inject-nc", spec__nodes__nodePool="inject-np")
     user_nc = {
@@ -51,14 +55,21 @@ def test_injection_keeps_gitops_fields_and_user_parts_and_converges(kube):
     body = inject.desired_nodeclass_fields(p, current, types)
     assert set(body["spec"]) == {"instanceStorePolicy", "userData"}
     assert inject.differs(body, current) != []
-    apply(kube.api_client(), [body], field_manager="nodewarm")
+    # gitops owns userData: an unforced apply is refused, naming the manager, and changes nothing.
+    with pytest.raises(ApiException) as e:
+        Kube(kube.api_client()).apply(EC2NODECLASSES, body, force=False)
+    assert e.value.status == 409 and conflict_managers(e.value)[0] == ["gitops"]
+    assert res.get(name="inject-nc").to_dict()["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
+
+    # The user puts nodewarm's part into their own copy (what `nodewarm render` shows): their manager owns it all.
+    user_nc["spec"].update(body["spec"])
+    apply(kube.api_client(), [user_nc], field_manager="gitops")
     after = res.get(name="inject-nc").to_dict()
     assert after["spec"]["instanceStorePolicy"] == "RAID0"
     assert after["spec"]["role"] == "UserRole" and after["spec"]["tags"] == {"owner": "gitops"}
     ud = after["spec"]["userData"]
     assert "echo user-part-one" in ud and ud.index("echo user-part-one") < ud.index("nodewarm")
 
-    # Converged: the next reconcile computes the same body, sees no difference, and an apply is a no-op.
+    # Converged: the next reconcile computes the same body and sees no difference, so it sends nothing.
     again = inject.desired_nodeclass_fields(p, after, types)
     assert inject.differs(again, after) == []
-    assert apply(kube.api_client(), [again], field_manager="nodewarm")[0].action == "unchanged"

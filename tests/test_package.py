@@ -112,11 +112,8 @@ def test_rendered_user_data_fetches_verifies_and_runs_the_real_artifact(packaged
     s3.create_bucket(bucket)
     key = f"nodewarm/{Path(packaged['path']).name}"
     s3.client().upload_file(packaged["path"], bucket, key)
-    launch = BootstrapLaunch(
-        artifact_uri=f"s3://{bucket}/{key}", artifact_sha256=packaged["sha256"], profile="p",
-        model_uri="s3://models/m/", dest_dir="/mnt/k8s-disks/0/m", mode="karpenter",
-        cache_mount="/mnt/k8s-disks/0", region="us-east-1", nodewarm_version=__version__,
-    )
+    launch = BootstrapLaunch(artifact_uri=f"s3://{bucket}/{key}", artifact_sha256=packaged["sha256"], profile="p",
+                             cache_mount="/mnt/k8s-disks/0")
     script = re.search(r"^cat > /opt/nodewarm/bin/nodewarm-launch <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$",
                        render_script(launch), re.S | re.M).group(1)
     (tmp_path / "launch").write_text(script + "\n")

@@ -61,7 +61,7 @@ def test_valid_profiles_in_both_modes_apply_defaults():
     assert k.nodes.cache_mount == "/mnt/k8s-disks/0"
     a = checked(v("automode"))
     assert a.nodes.cache_mount == "/mnt/.ephemeral"
-    assert a.warm_dir.startswith("/mnt/.ephemeral/")
+    assert a.model_dir.startswith("/mnt/.ephemeral/nodewarm/models/")
 
 
 @pytest.mark.parametrize("size, expected", [(10, 3), (67, 17), (140, 35), (4, 1), (4.01, 2), (0.5, 1)])

@@ -64,7 +64,8 @@ def test_controller_runs_as_its_service_account_and_is_refused_everything_else(k
     sa = Kube(sa_client)
     sim = KarpenterSim(admin)
 
-    with installed(ak) as inst, running(sa_client, leader_elect=True, lease_namespace=ns) as c:
+    with installed(ak, user_data=None, user_startup_taints=()) as inst, \
+            running(sa_client, leader_elect=True, lease_namespace=ns) as c:
         wait_for(lambda: c.is_leader.is_set(), what="leader via the Lease in its namespace")
         wait_for(lambda: ak.get(inst.nc_res, inst.node_class)["spec"].get("instanceStorePolicy") == "RAID0",
                  what="inject via server-side apply")
@@ -89,7 +90,8 @@ def test_controller_runs_as_its_service_account_and_is_refused_everything_else(k
             lambda: sa.replace(NODES, n.node, ak.get(NODES, n.node)),
             lambda: sa.merge_patch(NODECLAIMS, n.claim, {"metadata": {"labels": {"x": "y"}}}),
             lambda: sa.create(NODEPOOLS, {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "x"}}),
-            lambda: sa.merge_patch(WARMPROFILES, inst.name, {"metadata": {"labels": {"x": "y"}}}),
+            lambda: sa.replace(WARMPROFILES, inst.name, ak.get(WARMPROFILES, inst.name)),   # patch (finalizer) only
+            lambda: sa.delete(WARMPROFILES, inst.name),
             lambda: sa.list(KINDS["ClusterRole"]),
         ]
         for i, call in enumerate(forbidden):

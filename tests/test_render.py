@@ -200,9 +200,10 @@ def test_with_controller_renders_crd_and_controller_objects_the_server_accepts(k
 
 
 def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
-    from nodewarm.bootstrap import agent_cli, cache_cli
+    from pathlib import Path
+
+    from nodewarm.bootstrap import cache_cli, follow, profilesource
     from nodewarm.cli import build_parser
-    from nodewarm.nodeclasses.launch import bootstrap_launch
 
     doc = v(spec__compileCache__verifyKey="A" * 43 + "=",
             spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"},
@@ -214,8 +215,9 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     assert {"name": "signing-key", "secret": {"secretName": "cc-key", "defaultMode": 0o400}} in pod["volumes"]
     parser = build_parser()
     published = cache_cli._spec(parser.parse_args(pub["args"]))
-    p = profile.from_dict(doc)
-    restored = agent_cli.serving_spec(parser.parse_args(bootstrap_launch(p).bootstrap_argv()))
+    # The node agent's side: the WarmProfile object as rendered, resolved the way the agent does at boot.
+    resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/k8s-disks/0"))
+    restored = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/k8s-disks/0"), "n")).spec
     assert published == restored
     assert published.model == next(a for a in vllm_c["args"] if a.startswith("--model=")).split("=", 1)[1]
 

@@ -21,12 +21,8 @@ SHA = "0123456789abcdef" * 4
 
 
 def launch(**overrides) -> BootstrapLaunch:
-    fields = dict(
-        artifact_uri="s3://cache-bucket/nodewarm/artifacts/nodewarm-0.1.0.tar.gz", artifact_sha256=SHA,
-        profile="llama-8b", model_uri="s3://models/llama-3.1-8b/", dest_dir="/mnt/k8s-disks/0/nodewarm/llama",
-        compile_cache_uri="s3://cache-bucket/compile/", mode="karpenter", cache_mount="/mnt/k8s-disks/0",
-        region="us-west-2", nodewarm_version="0.1.0",
-    )
+    fields = dict(artifact_uri="s3://cache-bucket/nodewarm/artifacts/nodewarm-0.1.0.tar.gz", artifact_sha256=SHA,
+                  profile="llama-8b", cache_mount="/mnt/k8s-disks/0")
     return BootstrapLaunch(**{**fields, **overrides})
 
 
@@ -44,7 +40,7 @@ def test_part_is_a_single_ascii_shell_part_that_email_parses():
     assert part["Content-Type"] == 'text/x-shellscript; charset="us-ascii"'
     body = part.get_payload()
     assert body == render_script(launch())
-    assert body.startswith("#!/bin/bash\n") and body.split("\n")[1] == f"{NODEWARM_MARKER} 0.1.0"
+    assert body.startswith("#!/bin/bash\n") and body.split("\n")[1] == NODEWARM_MARKER
     assert body.isascii()
 
 
@@ -74,8 +70,8 @@ def test_unit_is_ordered_after_nodeadm_run_and_the_raid_mount():
 def test_environment_file_pins_the_artifact_and_holds_no_credentials():
     script = render_script(launch())
     env = dict(line.split("=", 1) for line in heredoc(script, "/etc/nodewarm/bootstrap.env").splitlines())
-    assert env == {"NODEWARM_ARTIFACT_URI": launch().artifact_uri, "NODEWARM_ARTIFACT_SHA256": SHA,
-                   "AWS_REGION": "us-west-2", "AWS_DEFAULT_REGION": "us-west-2"}
+    # No region: the launcher asks instance metadata, so the same user data (and hash) fits every region.
+    assert env == {"NODEWARM_ARTIFACT_URI": launch().artifact_uri, "NODEWARM_ARTIFACT_SHA256": SHA}
     for secret in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret"):
         assert secret not in script
 
@@ -137,11 +133,11 @@ def test_boot_time_line_is_json_with_boot_before_userdata():
     assert set(times) == {"boot", "userdata"} and 0 < times["boot"] <= times["userdata"]
 
 
-def test_bootstrap_argv_includes_the_compile_cache_only_when_set():
-    argv = launch().bootstrap_argv()
-    i = argv.index("--compile-cache-uri")
-    assert argv[i + 1] == "s3://cache-bucket/compile/"
-    assert "--compile-cache-uri" not in launch(compile_cache_uri=None).bootstrap_argv()
+def test_bootstrap_argv_names_only_the_profile_and_the_mount():
+    # Everything else is read from the WarmProfile object at boot: the unit's command line is in the
+    # EC2NodeClass's userData, which Karpenter hashes.
+    assert launch().bootstrap_argv() == ["bootstrap", "run", "--profile", "llama-8b", "--mount", "/mnt/k8s-disks/0",
+                                         "--skip-load-check"]
 
 
 @pytest.mark.parametrize("field,value", [
@@ -149,14 +145,12 @@ def test_bootstrap_argv_includes_the_compile_cache_only_when_set():
     ("artifact_sha256", SHA.upper()),
     ("artifact_uri", "https://cache-bucket/nodewarm.tar.gz"),
     ("artifact_uri", "s3://cache-bucket/"),
-    ("mode", "eksctl"),
-    ("region", "us west"),
-    ("dest_dir", "/var/lib/nodewarm"),          # not on the RAID
-    ("dest_dir", "/mnt/k8s-disks/0/../../etc"),
     ("cache_mount", "mnt/k8s-disks/0"),
+    ("cache_mount", "/mnt/k8s-disks/0/../../etc"),
+    ("cache_mount", "/mnt/%b"),                  # systemd would expand %b
     ("profile", "llama $(reboot)"),
-    ("model_uri", "s3://models/a%b"),          # systemd would expand %b
-    ("compile_cache_uri", "s3://cache/${HOME}"),
+    ("profile", "Llama"),
+    ("artifact_uri", "s3://cache/${HOME}.tar.gz"),
 ])
 def test_invalid_launch_settings_are_refused(field, value):
     with pytest.raises(UserDataInvalid, match=f"BootstrapLaunch.{field}"):

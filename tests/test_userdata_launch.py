@@ -21,11 +21,7 @@ BUCKET = "nodewarm-launch-test"
 
 
 def launch_script(uri: str, sha256: str) -> str:
-    launch = BootstrapLaunch(
-        artifact_uri=uri, artifact_sha256=sha256, profile="p", model_uri="s3://models/m/",
-        dest_dir="/mnt/k8s-disks/0/m", mode="karpenter", cache_mount="/mnt/k8s-disks/0", region="us-east-1",
-        nodewarm_version="0.1.0",
-    )
+    launch = BootstrapLaunch(artifact_uri=uri, artifact_sha256=sha256, profile="p", cache_mount="/mnt/k8s-disks/0")
     script = render_script(launch)
     match = re.search(r"^cat > /opt/nodewarm/bin/nodewarm-launch <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$",
                       script, re.S | re.M)
@@ -119,8 +115,7 @@ def test_a_missing_artifact_fails_with_a_retryable_status(tmp_path, s3, bucket, 
 def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it():
     from nodewarm.userdata.launch import BootstrapLaunch
 
-    common = dict(profile="m", model_uri="s3://models/m/", dest_dir="/mnt/k8s-disks/0/nodewarm/models/m",
-                  mode="karpenter", cache_mount="/mnt/k8s-disks/0", region="us-west-2", nodewarm_version="0.1.0")
+    common = dict(profile="m", cache_mount="/mnt/k8s-disks/0")
     host = BootstrapLaunch(**common, artifact_uri="s3://cache-bucket/nodewarm/a.tar.gz", artifact_sha256="a" * 64)
     pod = BootstrapLaunch(**common)
     assert "--skip-load-check" in host.bootstrap_argv()

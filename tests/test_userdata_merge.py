@@ -43,12 +43,9 @@ USER_ARCHIVE = (
 )
 
 
-def launch(version: str = "0.1.0") -> BootstrapLaunch:
-    return BootstrapLaunch(
-        artifact_uri="s3://cache-bucket/nodewarm/a.tar.gz", artifact_sha256="ab" * 32, profile="p",
-        model_uri="s3://models/m/", dest_dir="/mnt/k8s-disks/0/m", mode="karpenter",
-        cache_mount="/mnt/k8s-disks/0", region="us-east-1", nodewarm_version=version,
-    )
+def launch(sha: str = "ab" * 32) -> BootstrapLaunch:
+    return BootstrapLaunch(artifact_uri="s3://cache-bucket/nodewarm/a.tar.gz", artifact_sha256=sha, profile="p",
+                           cache_mount="/mnt/k8s-disks/0")
 
 
 def content_types(user_data: str) -> list[str]:
@@ -82,14 +79,14 @@ def test_user_parts_keep_their_order_and_content_and_ours_comes_last():
 
 
 def test_an_older_nodewarm_part_is_replaced_where_it_stood():
-    old = merge(USER_ARCHIVE, render_part(launch("0.0.9"))).user_data
+    old = merge(USER_ARCHIVE, render_part(launch("09" * 32))).user_data
     parts = parse(old)
     moved = serialize([parts[3], *parts[:3]])           # the user had moved our part first
-    result = merge(moved, render_part(launch("0.1.0")))
+    result = merge(moved, render_part(launch("10" * 32)))
     new_parts = parse(result.user_data)
     assert result.added
     assert [p.is_nodewarm for p in new_parts] == [True, False, False, False]
-    assert "0.1.0" in new_parts[0].content.split("\n")[1]
+    assert "10" * 32 in new_parts[0].content and "09" * 32 not in result.user_data
 
 
 def test_ours_must_come_from_render_part():

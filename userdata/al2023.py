@@ -36,17 +36,16 @@ def render_script(launch: BootstrapLaunch) -> str:
                               "and artifact_sha256 to what `nodewarm package` printed")
     unit = _fill(_template("nodewarm-bootstrap.service"), CACHE_MOUNT=launch.cache_mount,
                  ARGV=" ".join(launch.bootstrap_argv()))
+    # No region here: the launcher asks instance metadata, so the same user data fits every region.
     env = "\n".join([
         f"NODEWARM_ARTIFACT_URI={launch.artifact_uri}",
         f"NODEWARM_ARTIFACT_SHA256={launch.artifact_sha256}",
-        f"AWS_REGION={launch.region}",
-        f"AWS_DEFAULT_REGION={launch.region}",
     ])
     embedded = {"ENV": env, "LAUNCH": _template("nodewarm-launch.sh").rstrip("\n"), "UNIT": unit.rstrip("\n")}
     for name, text in embedded.items():
         if _HEREDOC_END in text.split("\n"):
             raise UserDataInvalid(f"the {name} file contains the heredoc terminator {_HEREDOC_END}")
-    script = _fill(_template("al2023-part.sh.tmpl"), MARKER=NODEWARM_MARKER, VERSION=launch.nodewarm_version,
+    script = _fill(_template("al2023-part.sh.tmpl"), MARKER=NODEWARM_MARKER,
                    EOF=_HEREDOC_END, **embedded)
     if not script.isascii():
         # Karpenter labels shell parts charset="us-ascii".

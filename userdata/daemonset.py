@@ -1,8 +1,9 @@
 """The bootstrap as a privileged DaemonSet: the launcher where user data cannot carry it.
 
 EKS Auto Mode accepts no user data and Bottlerocket has no shell, so there the warm-up runs in a pod on each
-node of the NodePool. Its init container warms (the pod turns Ready when warming is done) and reports the
-condition on its own Node's status; the main container only idles so the DaemonSet does not rerun it.
+node of the NodePool. Its one container is the agent: it reads the WarmProfile at start, warms, reports the
+condition on its own Node's status, and keeps following the profile so a serving or model change is warmed
+on the nodes that already serve (no node replaced).
 It tolerates only the readiness taint and GPU taints: the startup taint that nodewarm's controller lifts
 keeps vLLM away while this pod alone may land. Its RBAC cannot touch taints: no `patch nodes`.
 """
@@ -44,8 +45,7 @@ def manifests(
     if not _DNS_LABEL.match(namespace):
         raise UserDataInvalid(f"namespace {namespace!r} is not a DNS label")
     selector = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": nodepool}
-    labels = {**selector, "app.kubernetes.io/version": launch.nodewarm_version,
-              "app.kubernetes.io/managed-by": "nodewarm"}
+    labels = {**selector, "app.kubernetes.io/managed-by": "nodewarm"}
     service_account = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
@@ -61,6 +61,9 @@ def manifests(
         "rules": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+            # The agent resolves model, serving and compile-cache settings from its WarmProfile at boot and
+            # follows it: exactly get and watch.
+            {"apiGroups": ["nodewarm.io"], "resources": ["warmprofiles"], "verbs": ["get", "watch"]},
         ],
     }
     binding = {
@@ -71,11 +74,9 @@ def manifests(
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
     }
     cache = {"name": "nvme", "mountPath": launch.cache_mount, "mountPropagation": "HostToContainer"}
-    env = [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "AWS_REGION", "value": launch.region},
-        {"name": "AWS_DEFAULT_REGION", "value": launch.region},
-    ]
+    # No region: pods on Auto Mode cannot reach instance metadata; the agent reads its Node's
+    # topology.kubernetes.io/region label (or the profile's spec.nodes.region).
+    env = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     tolerations = [{"key": readiness_taint_key, "operator": "Exists"}]
     tolerations += [{"key": key, "operator": "Exists"} for key in gpu_taint_keys]
     daemonset = {
@@ -90,8 +91,8 @@ def manifests(
                     "serviceAccountName": NAME,
                     "nodeSelector": {NODEPOOL_LABEL: nodepool, "kubernetes.io/os": "linux"},
                     "tolerations": tolerations,
-                    "initContainers": [{
-                        "name": "warm",
+                    "containers": [{
+                        "name": "agent",
                         "image": image,
                         "command": ["nodewarm"],
                         "args": launch.bootstrap_argv(),
@@ -99,18 +100,9 @@ def manifests(
                         # Bottlerocket's SELinux policy lets only privileged containers write host paths.
                         "securityContext": {"privileged": True},
                         "volumeMounts": [cache],
-                        # The pod's request is the larger of init and main containers and stays reserved for
-                        # its life: keep it small so it never takes room meant for vLLM.
+                        # Its request stays reserved for the pod's life: keep it small so it never takes room
+                        # meant for vLLM.
                         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-                    }],
-                    "containers": [{
-                        "name": "idle",
-                        "image": image,
-                        # PID 1 ignores SIGTERM unless it handles it: without the handler every pod
-                        # deletion would wait out the grace period.
-                        "command": ["python3", "-c", "import signal, sys; "
-                                    "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); signal.pause()"],
-                        "resources": {"requests": {"cpu": "1m", "memory": "16Mi"}},
                     }],
                     "volumes": [{
                         "name": "nvme",

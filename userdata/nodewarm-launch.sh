@@ -7,6 +7,13 @@ set -euo pipefail
 : "${NODEWARM_ARTIFACT_URI:?missing; it is set in /etc/nodewarm/bootstrap.env}"
 : "${NODEWARM_ARTIFACT_SHA256:?missing; it is set in /etc/nodewarm/bootstrap.env}"
 root="${NODEWARM_ROOT:-/opt/nodewarm}"
+# The region is the node's own (IMDSv2), never the renderer's: the same user data serves every region.
+if [ -z "${AWS_REGION:-}" ]; then
+  imds="${NODEWARM_IMDS_ENDPOINT:-http://169.254.169.254}"
+  token=$(curl -sS -f -m 5 -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60")
+  AWS_REGION=$(curl -sS -f -m 5 -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/placement/region")
+  export AWS_REGION AWS_DEFAULT_REGION="$AWS_REGION"
+fi
 dir="$root/artifacts/$NODEWARM_ARTIFACT_SHA256"
 if [ ! -x "$dir/bin/nodewarm" ]; then
   mkdir -p "$root/artifacts"

@@ -212,13 +212,10 @@ class Watcher:
 def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, mount: Path) -> dict:
     """The real `nodewarm bootstrap run` as a process, with this node's own kubelet identity."""
     kcfg = srv.kube.write_kubeconfig(srv.workdir / f"kubeconfig-{node}", srv.kube.node_token(node), f"system:node:{node}")
-    from nodewarm.nodeclasses.launch import cache_key_args
-
-    dest = mount / "nodewarm" / "models" / p.name
-    argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name,
-            "--model-uri", p.model.uri, "--dest", str(dest), "--mount", str(mount), "--node-name", node,
-            "--kubeconfig", str(kcfg), "--allow-non-nvme", "--compile-cache-uri", p.compile_cache.uri,
-            *cache_key_args(p), "--json"]
+    # The agent reads model, serving and compile-cache settings from the WarmProfile object, as on a real
+    # node; --once because the demo waits for each node's result.
+    argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name, "--mount", str(mount),
+            "--node-name", node, "--kubeconfig", str(kcfg), "--allow-non-nvme", "--once", "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **srv.s3.env()}, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"bootstrap on {node} failed ({proc.returncode}): {proc.stderr[-3000:]}")

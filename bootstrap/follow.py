@@ -1,0 +1,261 @@
+"""The node agent as a service: warm for the WarmProfile once, then follow it.
+
+A serving or model change must roll without replacing nodes, so the agent keeps running after the first
+warm (the systemd unit on AL2023, the DaemonSet elsewhere), sees its profile change, and warms the new
+generation on a node that is already serving:
+
+* beside the old one when the NVMe has room (the weights go to their own folder, nodewarm.generation.model_key;
+  a new serving image or TP re-uses the weights already there);
+* otherwise once no pod of an older generation runs on this node any more, after freeing their weights.
+
+When the new generation is warm it relabels the Node (``nodewarm.io/generation``); the rendered Deployment
+selects that label, so a rolling update lands new pods only on nodes warm for them. The startup taint is a
+new node's business only: a node that serves is never re-tainted, and its Warm condition stays True.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+from nodewarm.generation import GENERATION_LABEL
+
+from . import agent, profilesource
+from .nodestatus import report_warm
+
+log = logs.get("bootstrap.follow")
+
+_MODEL_KEY = re.compile(r"^[0-9a-f]{12}$")
+REWARM_ANNOTATION = "nodewarm.io/rewarm"
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    profile: str
+    mount: Path
+    node_name: str
+    load_check: bool = True
+    allow_non_nvme: bool = False
+    host_root: Path = Path("/")
+    runtime: tuple | None = None
+    once: bool = False              # warm once and exit (the demo's processes, `bootstrap run --once`)
+    watch_timeout_s: int = 300
+    poll_s: float = 10.0            # waiting for a missing profile, or for old pods to leave
+    retry_s: float = 300.0          # a failed warm is tried again after this, or at once on a profile change
+
+
+def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentConfig:
+    from nodewarm.nodeclasses.launch import serving_spec
+
+    p = r.profile
+    return agent.AgentConfig(
+        profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
+        compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
+        allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
+        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation)
+
+
+def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:
+    """Weights folders of this profile other than ``keep``: only names this agent makes (12 hex digits),
+    never a link, so nothing outside the profile's folder is ever removed."""
+    if not models_dir.is_dir():
+        return []
+    return sorted(d for d in models_dir.iterdir()
+                  if _MODEL_KEY.match(d.name) and d.name != keep and d.is_dir() and not d.is_symlink())
+
+
+def older_pods(pods: list[dict], generation: str) -> list[str]:
+    """Names of pods (not finished) that still serve a generation other than ``generation``."""
+    out = []
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        if labels.get(GENERATION_LABEL) != generation and phase not in ("Succeeded", "Failed"):
+            out.append(pod["metadata"]["name"])
+    return out
+
+
+class Follower:
+    def __init__(self, api_client, opts: FollowOptions, stop: threading.Event | None = None):
+        self.api, self.opt = api_client, opts
+        self.stop = stop or threading.Event()
+        self.held: profilesource.Resolved | None = None     # the generation this node is warm for
+        self.last: agent.AgentResult | None = None
+        self._failed_at: float | None = None
+
+    # -- the parts ---------------------------------------------------------------------------------------
+    def _report_not_warm(self, reason: str, message: str) -> None:
+        report_warm(self.api, self.opt.node_name, False, reason, message)
+
+    def _wait_for_profile(self) -> dict | None:
+        reported = False
+        while not self.stop.is_set():
+            obj = profilesource.get_profile(self.api, self.opt.profile)
+            if obj is not None:
+                return obj
+            if not reported:
+                log.warning("profile.missing", profile=self.opt.profile)
+                self._report_not_warm("ProfileNotFound", f"WarmProfile {self.opt.profile} does not exist; the "
+                                      "node warms as soon as it is created")
+                reported = True
+            if self.opt.once:
+                return None
+            self.stop.wait(self.opt.poll_s)
+        return None
+
+    def _resolve(self, obj: dict) -> profilesource.Resolved | None:
+        try:
+            r = profilesource.resolve(obj, self.opt.mount)
+        except NodewarmError as e:
+            log.error("profile.invalid", profile=self.opt.profile, error=e.one_line())
+            if self.held is None:
+                self._report_not_warm("InvalidProfile", e.one_line())
+            return None
+        if not os.environ.get("AWS_REGION"):
+            region = profilesource.region_for(r.profile, profilesource.get_node(self.api, self.opt.node_name))
+            if region:
+                os.environ["AWS_REGION"] = os.environ["AWS_DEFAULT_REGION"] = region
+                log.info("region.resolved", region=region)
+        return r
+
+    def first_warm(self, r: profilesource.Resolved) -> agent.AgentResult:
+        result = agent.run(agent_config(r, self.opt), self.api)
+        self.last = result
+        if result.warm:
+            self.held, self._failed_at = r, None
+        else:
+            self._failed_at = time.monotonic()
+        return result
+
+    def rewarm(self, r: profilesource.Resolved) -> bool:
+        """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
+        cfg = agent_config(r, self.opt)
+        log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
+        result = agent.warm(cfg)
+        if not result.warm and result.reason == "InsufficientNVMe" and self._free_older(r):
+            result = agent.warm(cfg)
+        self.last = result
+        if not result.warm:
+            self._failed_at = time.monotonic()
+            log.error("rewarm.failed", generation=r.generation, reason=result.reason, message=result.message)
+            report_warm(self.api, self.opt.node_name, True, "WarmForOlderGeneration",
+                        f"still warm for generation {self.held.generation}; generation {r.generation} failed: "
+                        f"{result.reason}: {result.message}",
+                        {REWARM_ANNOTATION: f"{r.generation} {result.reason}"})
+            return False
+        report_warm(self.api, self.opt.node_name, True, result.reason, result.message,
+                    {**result.annotations(), REWARM_ANNOTATION: f"{r.generation} done"},
+                    {GENERATION_LABEL: r.generation})
+        log.info("rewarm.done", generation=r.generation, previous=self.held.generation)
+        self.held, self._failed_at = r, None
+        self.collect_garbage()
+        return True
+
+    def _free_older(self, r: profilesource.Resolved) -> bool:
+        """No room beside the old weights: wait until no older pod runs here, then remove the old weights."""
+        stale = stale_model_dirs(r.model_dir.parent, keep=r.model_dir.name)
+        if not stale:
+            return False
+        log.info("rewarm.waiting_for_old_pods", generation=r.generation, stale=[d.name for d in stale])
+        while not self.stop.is_set():
+            busy = older_pods(profilesource.pods_on_node(self.api, self.opt.node_name, r.profile.name), r.generation)
+            if not busy:
+                break
+            log.info("rewarm.old_pods", pods=busy)
+            self.stop.wait(self.opt.poll_s)
+        if self.stop.is_set():
+            return False
+        for d in stale:
+            shutil.rmtree(d)
+            log.info("weights.removed", dir=str(d), why="no room for the new generation and no pod serves the old")
+        return True
+
+    def collect_garbage(self) -> None:
+        """Free older weights once no pod of an older generation runs on this node."""
+        if self.held is None:
+            return
+        stale = stale_model_dirs(self.held.model_dir.parent, keep=self.held.model_dir.name)
+        if not stale:
+            return
+        pods = profilesource.pods_on_node(self.api, self.opt.node_name, self.held.profile.name)
+        if older_pods(pods, self.held.generation):
+            return
+        for d in stale:
+            shutil.rmtree(d)
+            log.info("weights.removed", dir=str(d), why="no pod serves that generation on this node")
+
+    def on_profile(self, obj: dict) -> None:
+        r = self._resolve(obj)
+        if r is None:
+            return
+        if self.held is None:
+            self.first_warm(r)
+        elif r.generation != self.held.generation:
+            self.rewarm(r)
+        else:
+            self.held = replace(self.held, resource_version=r.resource_version)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        obj = self._wait_for_profile()
+        if obj is None:
+            return 1
+        r = self._resolve(obj)
+        if r is None:
+            if self.opt.once:
+                return 1
+        else:
+            self.first_warm(r)
+        if self.opt.once:
+            return 0 if self.held is not None else 1
+        rv = (obj.get("metadata") or {}).get("resourceVersion", "")
+        while not self.stop.is_set():
+            rv = self._watch(rv)
+            if self.held is None and self._failed_at is not None and \
+                    time.monotonic() - self._failed_at >= self.opt.retry_s:
+                obj = profilesource.get_profile(self.api, self.opt.profile)
+                if obj is not None:
+                    self.on_profile(obj)
+            try:
+                self.collect_garbage()
+            except Exception as e:      # a failed clean-up must not stop the agent; it is retried next round
+                log.warning("gc.failed", error=str(e)[:300])
+        return 0
+
+    def _watch(self, rv: str) -> str:
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+        timeout = int(min(self.opt.watch_timeout_s, max(1.0, self.opt.retry_s)))
+        try:
+            for kind, obj in profilesource.watch_profile(self.api, self.opt.profile, rv, timeout):
+                if self.stop.is_set():
+                    break
+                if kind == "ERROR":
+                    raise ApiException(status=(obj or {}).get("code", 500), reason=(obj or {}).get("message"))
+                rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                if kind == "DELETED":
+                    log.warning("profile.deleted", profile=self.opt.profile,
+                                note="the node keeps what it holds; the controller cleans up the pool")
+                elif kind in ("ADDED", "MODIFIED"):
+                    self.on_profile(obj)
+        except ApiException as e:
+            if e.status == 410:      # the resume point left the server's window: re-read, carry on from there
+                obj = profilesource.get_profile(self.api, self.opt.profile)
+                if obj is not None:
+                    self.on_profile(obj)
+                    return (obj.get("metadata") or {}).get("resourceVersion", "")
+                return ""
+            log.warning("watch.failed", status=e.status, reason=str(e.reason)[:200])
+            self.stop.wait(min(self.opt.poll_s, 5.0))
+        except (OSError, ValueError, urllib3.exceptions.HTTPError) as e:
+            log.warning("watch.dropped", error=str(e)[:200])
+            self.stop.wait(min(self.opt.poll_s, 5.0))
+        return rv

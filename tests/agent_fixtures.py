@@ -1,0 +1,68 @@
+"""The node agent's world in tests: its RBAC as rendered, its WarmProfile as an object in the real API
+server, and the agent run with a node's own kubelet identity (never admin)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from nodewarm.controller.kube import WARMPROFILES
+from nodewarm.kubeapply import apply
+from nodewarm.nodeclasses import agentaccess
+from profiles import BASE
+
+
+def profile_doc(name: str, model_uri: str, **spec_changes) -> dict:
+    """A valid WarmProfile for the agent; ``spec_changes`` maps 'serving.image' style paths to values."""
+    doc = copy.deepcopy(BASE)
+    doc["metadata"] = {"name": name}
+    doc["spec"]["model"] = {"uri": model_uri}
+    doc["spec"]["compileCache"] = {"uri": "s3://nocache-bucket/cc/"}
+    for path, value in spec_changes.items():
+        *parents, leaf = path.split(".")
+        node = doc["spec"]
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return doc
+
+
+@pytest.fixture(scope="session")
+def agent_rbac(admin):
+    """The RBAC `nodewarm render` emits for AL2023 nodes: group system:nodes may get/watch warmprofiles."""
+    apply(admin, agentaccess.node_rbac())
+    return admin
+
+
+@pytest.fixture
+def warmprofile(k, agent_rbac):
+    """put(doc): create or replace a WarmProfile as the user would; every one made is deleted afterwards."""
+    made = []
+
+    def put(doc: dict) -> dict:
+        name = doc["metadata"]["name"]
+        try:
+            cur = k.get(WARMPROFILES, name)
+            body = {**doc, "metadata": {**doc["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+            return k.replace(WARMPROFILES, name, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        made.append(name)
+        return k.create(WARMPROFILES, doc)
+
+    yield put
+    for name in made:
+        try:
+            k.delete(WARMPROFILES, name)
+        except ApiException:
+            pass
+
+
+def node_kubeconfig(kube, tmp_path, node: str):
+    return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
