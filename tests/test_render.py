@@ -179,7 +179,8 @@ def test_server_accepts_every_rendered_object(kube, mode):
         # Everything sent is stored (the server may add defaults, but must not prune).
         assert _missing(d.get("spec", {}), stored.get("spec", {})) == [], d["kind"]
     # Converges: applying again changes nothing.
-    assert {r.action for r in apply(kube.api_client(), docs)} == {"unchanged"}
+    again = apply(kube.api_client(), docs)
+    assert {r.action for r in again} == {"unchanged"}, [(r.kind, r.action) for r in again]
 
 
 @pytest.mark.kube
@@ -226,3 +227,60 @@ def test_publisher_needs_the_verify_key_nodes_check_with():
     with pytest.raises(profile.ProfileError) as e:
         rendered(v(spec__compileCache__publisher={"image": "x", "signingKeySecret": "k"}))
     assert e.value.field == "spec.compileCache.verifyKey"
+
+
+NODE_KINDS = ("EC2NodeClass", "NodeClass", "NodePool")
+
+
+def node_objects(doc) -> list[dict]:
+    return [d for d in rendered(doc) if d["kind"] in NODE_KINDS]
+
+
+@pytest.mark.parametrize("mode", ["karpenter", "automode"])
+def test_every_serving_field_changed_renders_byte_identical_node_objects(mode, monkeypatch):
+    """Karpenter hashes these objects (nodeclasses/drift.py): a serving change must not replace a node."""
+    from nodewarm.nodeclasses import drift
+
+    base = v(mode)
+    changed = v(mode, spec__model__uri="s3://other-models/llama-70b/", spec__model__revision="r2",
+                spec__model__sizeGB=140, spec__serving__image="vllm/vllm-openai:v0.22.0",
+                spec__serving__tensorParallelSize=8, spec__serving__maxModelLen=32768, spec__serving__dtype="bfloat16",
+                spec__serving__extraArgs=["--gpu-memory-utilization=0.95"], spec__serving__replicas=4,
+                spec__serving__chunkSizeGB=8, spec__compileCache__uri="s3://other-cache/cc/",
+                spec__compileCache__verifyKey="B" * 43 + "=", spec__nodes__region="eu-west-1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    a = node_objects(base)
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")       # the renderer's environment never leaks in
+    b = node_objects(changed)
+    assert yaml.safe_dump_all(a) == yaml.safe_dump_all(b)
+    assert [drift.static_hash(x) for x in a] == [drift.static_hash(x) for x in b]
+    # ... while the serving objects do change, and say which generation they need.
+    dep_a, dep_b = by_kind(rendered(base), "Deployment"), by_kind(rendered(changed), "Deployment")
+    gen = "nodewarm.io/generation"
+    assert dep_a["spec"]["template"]["spec"]["nodeSelector"][gen] != dep_b["spec"]["template"]["spec"]["nodeSelector"][gen]
+
+
+def test_a_different_nodewarm_version_renders_the_same_node_objects(monkeypatch):
+    import nodewarm
+
+    a = node_objects(v())
+    monkeypatch.setattr(nodewarm, "__version__", "9.9.9")
+    assert node_objects(v()) == a
+
+
+def test_node_level_facts_do_change_node_objects():
+    """The guard has teeth: what must reach the node does change the hash."""
+    from nodewarm.nodeclasses import drift
+
+    base = [drift.static_hash(x) for x in node_objects(v())]
+    for change in (dict(spec__readiness__taintKey="example.com/warm"), dict(spec__bootstrap__artifactSha256="b" * 64),
+                   dict(metadata__name="another-profile")):
+        assert [drift.static_hash(x) for x in node_objects(v(**change))] != base, change
+
+
+def test_the_agent_rbac_grants_the_node_group_exactly_get_and_watch_on_profiles():
+    docs = rendered(v())
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "nodewarm-agent")
+    assert role["rules"] == [{"apiGroups": ["nodewarm.io"], "resources": ["warmprofiles"], "verbs": ["get", "watch"]}]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]
