@@ -120,3 +120,86 @@ def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it()
     pod = BootstrapLaunch(**common)
     assert "--skip-load-check" in host.bootstrap_argv()
     assert "--skip-load-check" not in pod.bootstrap_argv()
+
+
+class _Imds:
+    """IMDSv2 as an EC2 instance serves it (token by PUT, then placement/region with the token), on loopback."""
+
+    def __init__(self, region: str):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        import threading
+
+        imds = self
+        self.requests: list[tuple[str, str]] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):
+                imds.requests.append(("PUT", self.path))
+                ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                self._send(200 if ok else 400, b"tok-123" if ok else b"")
+
+            def do_GET(self):
+                imds.requests.append(("GET", self.path))
+                if self.headers.get("X-aws-ec2-metadata-token") != "tok-123":
+                    return self._send(401, b"")
+                self._send(200 if self.path == "/latest/meta-data/placement/region" else 404, region.encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.mark.s3
+def test_the_region_comes_from_instance_metadata_not_the_user_data(tmp_path, s3, bucket, aws_path):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        body = b'#!/bin/sh\necho "region: $AWS_REGION $AWS_DEFAULT_REGION"\n'
+        info = tarfile.TarInfo("bin/nodewarm")
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    blob = out.getvalue()
+    bucket.put_object(Bucket=BUCKET, Key="region/artifact.tar.gz", Body=blob)
+    uri, sha = f"s3://{BUCKET}/region/artifact.tar.gz", hashlib.sha256(blob).hexdigest()
+    script = tmp_path / "nodewarm-launch"
+    script.write_text(launch_script(uri, sha))
+    imds = _Imds("eu-central-1")
+    try:
+        env = {k: v for k, v in {**os.environ, **s3.env()}.items() if k not in ("AWS_REGION", "AWS_DEFAULT_REGION")}
+        env.update(PATH=aws_path, NODEWARM_ROOT=str(tmp_path / "opt"), NODEWARM_ARTIFACT_URI=uri,
+                   NODEWARM_ARTIFACT_SHA256=sha, NODEWARM_IMDS_ENDPOINT=imds.url)
+        run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        imds.close()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "region: eu-central-1 eu-central-1\n"
+    assert imds.requests == [("PUT", "/latest/api/token"), ("GET", "/latest/meta-data/placement/region")]
+
+
+def test_the_agent_takes_the_region_from_the_profile_then_the_node_label_then_instance_metadata():
+    from nodewarm import profile
+    from nodewarm.bootstrap.profilesource import region_for
+    from profiles import v
+
+    p = profile.from_dict(v())                                       # spec.nodes.region: us-west-2
+    node = {"metadata": {"labels": {"topology.kubernetes.io/region": "ap-south-1"}}}
+    assert region_for(p, node) == "us-west-2"
+    p = profile.from_dict(v(spec__nodes__region=None))
+    assert region_for(p, node) == "ap-south-1"
+    imds = _Imds("sa-east-1")
+    try:
+        assert region_for(p, {"metadata": {}}, imds.url) == "sa-east-1"
+    finally:
+        imds.close()
+    assert region_for(p, {"metadata": {}}, "http://127.0.0.1:9") is None    # unreachable (a pod on Auto Mode)
