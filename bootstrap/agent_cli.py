@@ -69,9 +69,16 @@ def _run(args: argparse.Namespace) -> int:
                          load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
                          runtime=runtime, once=args.once)
     stop = threading.Event()
+
+    def terminate(signum, _frame):
+        # The pod is being deleted or the unit stopped: leave now, even from a blocking watch read. Files are
+        # only ever renamed into place once verified, so nothing half-written is left behind.
+        stop.set()
+        raise SystemExit(0)
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, terminate)
     follower = Follower(_api_client(args.kubeconfig), opts, stop)
     rc = follower.run()
     result = follower.last

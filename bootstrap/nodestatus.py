@@ -1,10 +1,11 @@
 """The node agent's report to the cluster, sent with the node's *own* identity (kubelet credentials).
 
-NodeRestriction lets a node set its own status conditions and annotations but never change its taints,
-so the node reports ``nodewarm.io/Warm`` here and the controller (with `patch nodes`) lifts the taint.
+NodeRestriction lets a node set its own status conditions and annotations but never change its taints, and
+the DaemonSet's ServiceAccount may only patch ``nodes/status``; so the node reports ``nodewarm.io/Warm`` here
+and the controller (with `patch nodes`) lifts the taint.
 
-Order matters: annotations (compile-cache outcome, timeline) first, the condition last. The controller
-acts on the condition, and by then the facts it copies into labels are already on the Node.
+Annotations (compile-cache outcome, timeline), labels (the generation) and the condition go in one patch of
+``nodes/status``: the controller acts on the condition and finds the facts beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from nodewarm.errors import NodewarmError
 from nodewarm.nodeclasses.labels import WARM_CONDITION
 
 STRATEGIC = "application/strategic-merge-patch+json"
-MERGE = "application/merge-patch+json"
 
 log = logs.get("bootstrap.nodestatus")
 
@@ -55,16 +55,17 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
     want = "True" if status else "False"
     try:
         node = _call(api_client, "GET", path)
-        if annotations or labels:
-            meta = {"annotations": dict(annotations or {}), "labels": dict(labels or {})}
-            node = _call(api_client, "PATCH", path, {"metadata": {k: v for k, v in meta.items() if v}}, MERGE)
         old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == WARM_CONDITION), None)
         now = _now()
         cond = {"type": WARM_CONDITION, "status": want, "reason": reason, "message": message[:32768],
                 "lastHeartbeatTime": now,
                 "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want else now}
+        meta = {k: dict(v) for k, v in (("annotations", annotations), ("labels", labels)) if v}
+        # One write, through the status subresource: the API server keeps metadata but resets spec there, so
+        # the identity needs no `patch nodes` and can never touch a taint; facts and condition land together.
         # Strategic merge keys node conditions by type: the kubelet's Ready & co. are left alone.
-        node = _call(api_client, "PATCH", f"{path}/status", {"status": {"conditions": [cond]}}, STRATEGIC)
+        body = {"status": {"conditions": [cond]}, **({"metadata": meta} if meta else {})}
+        node = _call(api_client, "PATCH", f"{path}/status", body, STRATEGIC)
     except ApiException as e:
         if e.status in (401, 403):
             raise NodewarmError(f"cannot report Warm on node {node_name}: {e.status} {e.reason}; the agent must use "

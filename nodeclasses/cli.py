@@ -24,7 +24,10 @@ Render everything one WarmProfile needs, as multi-document YAML for `kubectl app
   automode       : WarmProfile, NodeClass (ephemeralStorage.size below every allowed type's NVMe), NodePool,
                    the bootstrap DaemonSet, vLLM Deployment+Service
 
-The IAM policy the node role needs is written to DIR/iam-policy.json with -o, or printed with --iam.
+IAM policies, one per principal (agent: reader of the model, compile-cache and artifact prefixes, on the
+node role for the AL2023 host agent or the DaemonSet's role; publisher: writer of the compile-cache prefix
+only, conditional writes for envelopes), are written to DIR/iam-<principal>-policy.json with -o, or printed
+with --iam. With spec.aws.identity podIdentity the association commands are printed (-o: a script).
 Instance NVMe/GPU facts come from a built-in table, or from EC2 DescribeInstanceTypes with
 --instance-source ec2 (uses the standard AWS environment).
 When spec.model.sizeGB is omitted, --measure lists the S3 prefix (standard AWS environment) to size it.
@@ -86,12 +89,22 @@ def run(args: argparse.Namespace) -> int:
         d.mkdir(parents=True, exist_ok=True)
         for i, doc in enumerate(out.documents):
             (d / f"{i:02d}-{doc['kind'].lower()}-{doc['metadata']['name']}.yaml").write_text(dump_all([doc]))
-        (d / "iam-policy.json").write_text(json.dumps(out.iam_policy, indent=2) + "\n")
-        print(f"wrote {len(out.documents)} manifests and iam-policy.json to {d}", file=sys.stderr)
+        for principal, policy in out.iam_policies.items():
+            (d / f"iam-{principal}-policy.json").write_text(json.dumps(policy, indent=2) + "\n")
+        if out.pod_identity_commands:
+            (d / "pod-identity-associations.sh").write_text(
+                "#!/bin/sh\n# EKS Pod Identity: one association per nodewarm ServiceAccount (the roles need the\n"
+                "# policies in iam-*-policy.json and the pods.eks.amazonaws.com trust policy).\nset -eu\n"
+                + "\n".join(out.pod_identity_commands) + "\n")
+        print(f"wrote {len(out.documents)} manifests, IAM policies for {', '.join(out.iam_policies)}"
+              f"{' and pod-identity-associations.sh' if out.pod_identity_commands else ''} to {d}", file=sys.stderr)
     elif args.iam:
-        print(json.dumps(out.iam_policy, indent=2))
+        print(json.dumps(out.iam_policies, indent=2))
     else:
         sys.stdout.write(dump_all(out.documents))
+    if out.pod_identity_commands and not args.output_dir:
+        print("EKS Pod Identity associations to create (see -o for a script):\n  "
+              + "\n  ".join(out.pod_identity_commands), file=sys.stderr)
     if out.user_data_budget_left is not None:
         print(f"userData budget left (after an estimate of Karpenter's own parts): {out.user_data_budget_left} bytes",
               file=sys.stderr)
@@ -102,8 +115,8 @@ def register(sub) -> None:
     r = sub.add_parser("render", help="render NodeClass, NodePool, vLLM Deployment (+IAM policy) from a WarmProfile",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-f", "--file", required=True, help="WarmProfile YAML ('-' for stdin)")
-    r.add_argument("-o", "--output-dir", help="write one file per object plus iam-policy.json here")
-    r.add_argument("--iam", action="store_true", help="print only the node IAM policy (JSON)")
+    r.add_argument("-o", "--output-dir", help="write one file per object plus the IAM policies here")
+    r.add_argument("--iam", action="store_true", help="print only the IAM policies, per principal (JSON)")
     r.add_argument("--instance-source", choices=["offline", "ec2"], default="offline",
                    help="where NVMe/GPU facts come from (default: built-in table)")
     r.add_argument("--measure", action="store_true", help="size the model from the S3 listing when sizeGB is omitted")

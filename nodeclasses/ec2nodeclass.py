@@ -26,6 +26,6 @@ def render(p: WarmProfile, user_data: str) -> dict:
             "role": n.role,
             "subnetSelectorTerms": [dict(t) for t in n.subnet_selector_terms],
             "securityGroupSelectorTerms": [dict(t) for t in n.security_group_selector_terms],
-            **owned_spec(user_data),
+            **{k: v for k, v in owned_spec(user_data).items() if v},   # no empty userData (Bottlerocket: TOML or none)
         },
     }

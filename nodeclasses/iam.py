@@ -1,4 +1,14 @@
-"""The IAM policy the nodes' role needs: read the model prefix, read/write the compile-cache prefix."""
+"""IAM policies, one per principal, each no wider than the S3 prefixes it needs.
+
+* ``agent`` (reader): the bootstrap agent lists and reads the model prefix and the compile-cache prefix, and
+  reads the launcher artifact. It is attached to the bootstrap DaemonSet's role (Pod Identity / IRSA) or, for
+  the AL2023 host agent with ``spec.aws.identity: node``, to the node role. It never writes.
+* ``publisher`` (writer, only with ``compileCache.publisher``): reads and writes the compile-cache prefix only.
+  Envelopes (the ``*.json`` pointers nodes trust) may only be written conditionally (``If-None-Match`` for the
+  first writer, ``If-Match`` to replace a stale one), so a publisher can never blindly overwrite another's
+  pointer; content-addressed blobs, claims and runtime descriptors are plain puts. No delete anywhere.
+* with ``spec.aws.kmsKeyArn``: decrypt for both on exactly that key, generate-data-key for the writer.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +20,56 @@ def _split(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def node_policy(p: WarmProfile) -> dict:
+def _list(sid: str, bucket: str, prefix: str) -> dict:
+    return {"Sid": sid, "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}
+
+
+def agent_policy(p: WarmProfile) -> dict:
     mb, mp = _split(p.model.uri)
     cb, cp = _split(p.compile_cache.uri)
     statements = [
-        {"Sid": "ListModel", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{mb}"],
-         "Condition": {"StringLike": {"s3:prefix": [f"{mp}*"]}}},
+        _list("ListModel", mb, mp),
         {"Sid": "ReadModel", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
          "Resource": [f"arn:aws:s3:::{mb}/{mp}*"]},
-        {"Sid": "ListCompileCache", "Effect": "Allow", "Action": ["s3:ListBucket"],
-         "Resource": [f"arn:aws:s3:::{cb}"], "Condition": {"StringLike": {"s3:prefix": [f"{cp}*"]}}},
-        # PutObject covers the conditional (If-None-Match) first-writer-wins upload; no Delete: a node can
-        # never remove a bundle another node published.
-        {"Sid": "ReadWriteCompileCache", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+        _list("ListCompileCache", cb, cp),
+        {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": [f"arn:aws:s3:::{cb}/{cp}*"]},
     ]
-    if p.bootstrap.artifact_uri:
+    if p.bootstrap.artifact_uri and not p.uses_daemonset:
         ab, ap = _split(p.bootstrap.artifact_uri)
         statements.append({"Sid": "ReadBootstrapArtifact", "Effect": "Allow", "Action": ["s3:GetObject"],
                            "Resource": [f"arn:aws:s3:::{ab}/{ap}"]})
+    if p.aws.kms_key_arn:
+        statements.append({"Sid": "DecryptWithBucketKey", "Effect": "Allow", "Action": ["kms:Decrypt"],
+                           "Resource": [p.aws.kms_key_arn]})
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def publisher_policy(p: WarmProfile) -> dict:
+    cb, cp = _split(p.compile_cache.uri)
+    root = f"arn:aws:s3:::{cb}/{cp}"
+    statements = [
+        _list("ListCompileCache", cb, cp),
+        {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{root}*"]},
+        # Content-addressed archives, first-writer claims and per-image runtime descriptors: never a pointer.
+        {"Sid": "WriteBlobsClaimsRuntimes", "Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{root}*blobs/*", f"{root}*.json.claims/*", f"{root}runtimes/*"]},
+        # The envelopes nodes trust: only a conditional write, so two publishers can never both win.
+        {"Sid": "CreateEnvelopeIfAbsent", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": [f"{root}*.json"],
+         "Condition": {"Null": {"s3:if-none-match": "false"}}},
+        {"Sid": "ReplaceEnvelopeIfUnchanged", "Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{root}*.json"], "Condition": {"Null": {"s3:if-match": "false"}}},
+    ]
+    if p.aws.kms_key_arn:
+        statements.append({"Sid": "EncryptWithBucketKey", "Effect": "Allow",
+                           "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": [p.aws.kms_key_arn]})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def policies(p: WarmProfile) -> dict[str, dict]:
+    """{principal: policy}: ``agent`` always, ``publisher`` when the profile publishes compile caches."""
+    out = {"agent": agent_policy(p)}
+    if p.compile_cache.publisher:
+        out["publisher"] = publisher_policy(p)
+    return out

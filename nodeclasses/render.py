@@ -13,14 +13,15 @@ from nodewarm.errors import ProfileError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 
-from . import agentaccess, automode, ec2nodeclass, iam, nodepool, vllm
+from . import agentaccess, automode, ec2nodeclass, iam, identity, nodepool, vllm
 from .launch import bootstrap_launch
 
 
 @dataclass(frozen=True)
 class Rendered:
     documents: list[dict]          # in apply order
-    iam_policy: dict
+    iam_policies: dict[str, dict]  # principal (agent | publisher) -> policy
+    pod_identity_commands: list[str]
     user_data_budget_left: int | None
 
 
@@ -39,16 +40,11 @@ def bootstrap_image(p: WarmProfile) -> str:
     return p.bootstrap.image
 
 
-def uses_daemonset(p: WarmProfile) -> bool:
-    """Auto Mode has no user data and Bottlerocket has no shell: there the bootstrap is a DaemonSet."""
-    return p.nodes.mode == "automode" or p.nodes.ami_alias.startswith("bottlerocket@")
-
-
 def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     docs: list[dict] = [warmprofile_document(p)]
     budget = None
     if p.nodes.mode == "karpenter":
-        if uses_daemonset(p):
+        if p.uses_daemonset:
             user_data = p.nodes.user_data or ""
         else:
             user_data, budget = node_user_data(p, None)
@@ -56,15 +52,18 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     else:
         docs.append(automode.render(p, types))
     docs.append(nodepool.render(p))
-    if uses_daemonset(p):
+    if p.uses_daemonset:
         from nodewarm.userdata import daemonset
 
         docs += daemonset.manifests(bootstrap_launch(p), nodepool=p.nodes.node_pool, image=bootstrap_image(p),
-                                    readiness_taint_key=p.readiness.taint_key, namespace=p.serving.namespace)
+                                    readiness_taint_key=p.readiness.taint_key, namespace=p.bootstrap.namespace,
+                                    service_account_annotations=identity.service_account_annotations(p, "agent"))
     else:
         docs += agentaccess.node_rbac()
+    if p.compile_cache.publisher:
+        docs.append(vllm.publisher_service_account(p))
     docs += [vllm.deployment(p), vllm.service(p)]
-    return Rendered(docs, iam.node_policy(p), budget)
+    return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 
 
 def warmprofile_document(p: WarmProfile) -> dict:

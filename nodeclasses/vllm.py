@@ -21,6 +21,7 @@ import json
 from nodewarm.generation import GENERATION_LABEL, generation
 from nodewarm.profile import WarmProfile
 
+from . import identity
 from .labels import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
 from .podlayout import CACHE_MOUNT, MODEL_MOUNT, cache_dirs, model_path
 
@@ -81,6 +82,8 @@ def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
 
     pub = p.compile_cache.publisher
     d = cache_dirs(CACHE_MOUNT)
+    # The pod cannot read instance metadata (hop limit 1): the buckets' region is spelled out.
+    region = [{"name": "AWS_REGION", "value": p.nodes.region}, {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region}]
     argv = ["nodewarm", "publish", "--uri", p.compile_cache.uri, "--signing-key", f"{SIGNING_MOUNT}/signing.pem",
             "--quiet-seconds", str(pub.quiet_seconds), "--model", model_path(p.name), *serving_spec_args(p),
             "--vllm-cache-root", str(d["vllm"]), "--inductor-dir", str(d["inductor"]),
@@ -90,11 +93,18 @@ def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
         "image": pub.image,
         "command": ["sh", "-c", 'nodewarm "$@"; exec sleep infinity', "nodewarm-publish"],
         "args": argv[1:],
-        "env": serving_env,
+        "env": serving_env + region,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "volumeMounts": [{"name": "compile-cache", "mountPath": CACHE_MOUNT},
                          {"name": "signing-key", "mountPath": SIGNING_MOUNT, "readOnly": True}],
     }
+
+
+def publisher_service_account(p: WarmProfile) -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": identity.publisher_service_account(p), "namespace": p.serving.namespace,
+                         "labels": {**labels(p), MANAGED_BY: "nodewarm"},
+                         "annotations": identity.service_account_annotations(p, "publisher")}}
 
 
 def labels(p: WarmProfile) -> dict:
@@ -132,6 +142,9 @@ def pod_spec(p: WarmProfile) -> dict:
         ],
     }
     if p.compile_cache.publisher:
+        # The writer's identity (Pod Identity association or IRSA annotation), never the namespace's default.
+        # A ServiceAccount is per pod: the vLLM container shares it (README, "AWS identity").
+        spec["serviceAccountName"] = identity.publisher_service_account(p)
         spec["containers"].append(publisher_container(p, env(p)))
         spec["volumes"].append({"name": "signing-key", "secret": {
             "secretName": p.compile_cache.publisher.signing_key_secret, "defaultMode": 0o400}})

@@ -90,6 +90,15 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class Aws:
+    identity: str                  # podIdentity | irsa | node
+    cluster_name: str | None
+    agent_role_arn: str | None
+    publisher_role_arn: str | None
+    kms_key_arn: str | None
+
+
+@dataclass(frozen=True)
 class Injection:
     mode: str                      # inject | verify
     on_live: str                   # refuse | drift
@@ -101,6 +110,7 @@ class Bootstrap:
     artifact_uri: str | None
     artifact_sha256: str | None
     allow_non_nvme: bool
+    namespace: str = "nodewarm-system"
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class WarmProfile:
     readiness: Readiness
     bootstrap: Bootstrap
     injection: Injection = Injection("inject", "refuse")
+    aws: Aws = Aws("node", None, None, None, None)
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -124,6 +135,16 @@ class WarmProfile:
     @property
     def concurrency(self) -> int:
         return sizing.streamer_concurrency(self.size_gb, self.serving.chunk_size_gb)
+
+    @property
+    def uses_daemonset(self) -> bool:
+        """Auto Mode has no user data and Bottlerocket has no shell: there the agent is a DaemonSet (a pod)."""
+        return self.nodes.mode == "automode" or self.nodes.ami_alias.startswith("bottlerocket@")
+
+    @property
+    def pods_need_aws(self) -> bool:
+        """Whether a nodewarm pod (the DaemonSet agent, the publisher sidecar) needs AWS credentials."""
+        return self.uses_daemonset or self.compile_cache.publisher is not None
 
     @property
     def models_dir(self) -> str:
@@ -182,6 +203,35 @@ def validate_document(doc: Any) -> None:
         raise ProfileError(_path(e), value, _schema_fix(e))
 
 
+def _aws(a: dict, spec: dict) -> Aws:
+    pods = (spec["nodes"]["mode"] == "automode" or spec["nodes"].get("amiAlias", "").startswith("bottlerocket@")
+            or "publisher" in spec["compileCache"])
+    return Aws(identity=a.get("identity", "podIdentity" if pods else "node"), cluster_name=a.get("clusterName"),
+               agent_role_arn=a.get("agentRoleArn"), publisher_role_arn=a.get("publisherRoleArn"),
+               kms_key_arn=a.get("kmsKeyArn"))
+
+
+def check_aws(p: WarmProfile) -> None:
+    """Every pod that needs AWS must have a way to get credentials, spelled out before anything renders."""
+    a = p.aws
+    if a.identity == "node" and p.pods_need_aws:
+        who = "the bootstrap DaemonSet" if p.uses_daemonset else "the publisher sidecar"
+        raise ProfileError("spec.aws.identity", "node", f"{who} is a pod, and pods cannot reach instance metadata "
+                           "(hop limit 1 on Karpenter's and Auto Mode's nodes): use podIdentity or irsa")
+    if a.identity in ("podIdentity", "irsa"):
+        if p.uses_daemonset and not a.agent_role_arn:
+            raise ProfileError("spec.aws.agentRoleArn", None, f"{a.identity} needs the role the bootstrap DaemonSet "
+                               "assumes (it reads the model, compile cache and artifact): an IAM role ARN")
+        if p.compile_cache.publisher and not a.publisher_role_arn:
+            raise ProfileError("spec.aws.publisherRoleArn", None, f"{a.identity} needs the role the publisher "
+                               "assumes (it writes the compile-cache prefix): an IAM role ARN")
+        if a.identity == "podIdentity" and not a.cluster_name:
+            raise ProfileError("spec.aws.clusterName", None, "Pod Identity associations name the EKS cluster: set it")
+    if p.compile_cache.publisher and not p.nodes.region:
+        raise ProfileError("spec.nodes.region", None, "the publisher sidecar writes to S3 from a pod that cannot "
+                           "read instance metadata: set the buckets' region")
+
+
 def from_dict(doc: dict) -> WarmProfile:
     """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
     validate_document(doc)
@@ -230,7 +280,9 @@ def from_dict(doc: dict) -> WarmProfile:
             artifact_uri=b.get("artifactUri"),
             artifact_sha256=b.get("artifactSha256"),
             allow_non_nvme=b.get("allowNonNvme", False),
+            namespace=b.get("namespace", "nodewarm-system"),
         ),
+        aws=_aws(s.get("aws", {}), s),
         injection=Injection(mode=s.get("injection", {}).get("mode", "inject"),
                             on_live=s.get("injection", {}).get("onLive", "refuse")),
         raw=doc,
@@ -254,6 +306,7 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
     check_taint_key(p.readiness.taint_key)
+    check_aws(p)
     for i, name in enumerate(n.instance_types):
         if name not in types:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,

@@ -33,6 +33,9 @@ BASE = {
         "readiness": {"taintKey": "nodewarm.io/warming", "deadline": "20m", "onDeadline": "untaint"},
         "bootstrap": {"artifactUri": "s3://cache-bucket/nodewarm/nodewarm-0.1.0.pyz",
                       "artifactSha256": "a" * 64, "image": "registry.example/nodewarm:0.1.0"},
+        # Used where a nodewarm pod needs AWS (Auto Mode / Bottlerocket DaemonSet, the publisher sidecar).
+        "aws": {"clusterName": "my-cluster", "agentRoleArn": "arn:aws:iam::111122223333:role/nodewarm-agent",
+                "publisherRoleArn": "arn:aws:iam::111122223333:role/nodewarm-publisher"},
     },
 }
 

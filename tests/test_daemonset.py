@@ -26,7 +26,17 @@ def daemonset(docs: list[dict]) -> dict:
 
 
 def test_objects_in_apply_order():
-    assert [d["kind"] for d in render()] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
+    assert [d["kind"] for d in render()] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                                             "DaemonSet"]
+
+
+def test_its_own_namespace_is_the_only_one_labelled_privileged():
+    ns = render()[0]
+    assert ns["metadata"]["name"] == "nodewarm-system"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {d["metadata"].get("namespace") for d in render() if d["kind"] in ("ServiceAccount", "DaemonSet")} == \
+        {"nodewarm-system"}
 
 
 def test_selected_by_nodepool_and_tolerating_only_readiness_and_gpu_taints():
@@ -38,16 +48,19 @@ def test_selected_by_nodepool_and_tolerating_only_readiness_and_gpu_taints():
     assert all(t.get("key") for t in pod["tolerations"])
 
 
-def test_the_agent_runs_as_the_one_privileged_container_on_the_nvme_hostpath():
+def test_the_agent_is_one_unprivileged_container_writing_only_the_nvme_hostpath():
     pod = daemonset(render())["spec"]["template"]["spec"]
     assert "initContainers" not in pod          # the agent keeps running: it follows its WarmProfile
     [agent] = pod["containers"]
     assert agent["command"] == ["nodewarm"] and agent["args"] == launch().bootstrap_argv()
     assert agent["args"] == ["bootstrap", "run", "--profile", "llama-8b", "--mount", "/mnt/.ephemeral"]
-    assert agent["securityContext"] == {"privileged": True}
-    assert agent["volumeMounts"] == [{"name": "nvme", "mountPath": "/mnt/.ephemeral",
-                                      "mountPropagation": "HostToContainer"}]
-    assert pod["volumes"] == [{"name": "nvme", "hostPath": {"path": "/mnt/.ephemeral", "type": "Directory"}}]
+    sc = agent["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert agent["volumeMounts"][0] == {"name": "nvme", "mountPath": "/mnt/.ephemeral",
+                                        "mountPropagation": "HostToContainer"}
+    assert pod["volumes"][0] == {"name": "nvme", "hostPath": {"path": "/mnt/.ephemeral", "type": "Directory"}}
+    assert [v.get("hostPath") for v in pod["volumes"][1:]] == [None]          # the only hostPath is the mount
     # No region: the agent reads its Node's region label (pods on Auto Mode cannot reach instance metadata).
     assert agent["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
@@ -55,11 +68,12 @@ def test_the_agent_runs_as_the_one_privileged_container_on_the_nvme_hostpath():
 def test_rbac_reports_status_but_cannot_touch_taints():
     role = next(d for d in render() if d["kind"] == "ClusterRole")
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == {("nodes", "get"), ("nodes/status", "patch"), ("warmprofiles", "get"), ("warmprofiles", "watch")}
+    assert granted == {("nodes", "get"), ("nodes/status", "patch"), ("warmprofiles", "get"), ("warmprofiles", "watch"),
+                       ("pods", "list")}
 
 
 def test_service_account_annotations_for_irsa():
-    sa = render(service_account_annotations={"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"})[0]
+    sa = render(service_account_annotations={"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"})[1]
     assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/r"}
 
 
@@ -77,11 +91,12 @@ def test_the_apiserver_accepts_it_and_rbac_holds(kube):
     admin = kube.api_client()
     core = client.CoreV1Api(admin)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="nodewarm-ds-test")))
-    docs = render(namespace="nodewarm-ds-test", nodepool="gpu-ds-test")
+    # v1.20 serves no ValidatingAdmissionPolicy; test_admission_policy evaluates its CEL.
+    docs = render(namespace="nodewarm-ds-test", nodepool="gpu-ds-test", with_admission_policy=False)[1:]
     for doc in docs:
         utils.create_from_dict(admin, doc)
     stored = client.AppsV1Api(admin).read_namespaced_daemon_set("nodewarm-bootstrap-gpu-ds-test", "nodewarm-ds-test")
-    assert stored.spec.template.spec.containers[0].security_context.privileged is True
+    assert stored.spec.template.spec.containers[0].security_context.privileged is False
     assert stored.spec.template.spec.volumes[0].host_path.type == "Directory"
 
     node_name = "nodewarm-ds-test-node"
@@ -97,3 +112,12 @@ def test_the_apiserver_accepts_it_and_rbac_holds(kube):
         as_pod.patch_node(node_name, {"spec": {"taints": []}})
     assert denied.value.status == 403
     assert core.read_node(node_name).spec.taints[0].key == READINESS_TAINT
+    # Through nodes/status the same identity writes its labels and annotations, and the API server resets
+    # spec there: a taint change smuggled into the status patch is dropped, not applied.
+    as_pod.patch_node_status(node_name, {"metadata": {"labels": {"nodewarm.io/generation": "g1"},
+                                                      "annotations": {"nodewarm.io/compile-cache": "cold"}},
+                                         "spec": {"taints": []}})
+    stored = core.read_node(node_name)
+    assert stored.metadata.labels["nodewarm.io/generation"] == "g1"
+    assert stored.metadata.annotations["nodewarm.io/compile-cache"] == "cold"
+    assert [t.key for t in stored.spec.taints][0] == READINESS_TAINT

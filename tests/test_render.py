@@ -99,13 +99,46 @@ def test_automode_renders_nodeclass_and_daemonset_not_userdata():
     assert not any(d["kind"] == "EC2NodeClass" for d in docs)
 
 
-def test_iam_policy_reads_model_and_writes_only_the_cache_prefix():
-    p = profile.from_dict(v())
-    pol = render(p, instancetypes.lookup(list(p.nodes.instance_types))).iam_policy
-    actions = {a for s in pol["Statement"] for a in s["Action"]}
-    assert "s3:DeleteObject" not in actions and "s3:*" not in actions
-    put = [s for s in pol["Statement"] if "s3:PutObject" in s["Action"]]
-    assert put and all(r.startswith("arn:aws:s3:::cache-bucket/compile-cache/") for s in put for r in s["Resource"])
+def _actions(pol) -> set[str]:
+    return {a for s in pol["Statement"] for a in s["Action"]}
+
+
+def test_iam_is_split_by_principal_and_never_wider_than_a_prefix():
+    doc = v(spec__compileCache__verifyKey="A" * 43 + "=",
+            spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "k"})
+    p = profile.from_dict(doc)
+    pols = render(p, instancetypes.lookup(list(p.nodes.instance_types))).iam_policies
+    assert set(pols) == {"agent", "publisher"}
+    reader, writer = pols["agent"], pols["publisher"]
+    # The reader never writes; the writer writes only the compile-cache prefix; nobody deletes.
+    assert not {a for a in _actions(reader) if not a.startswith(("s3:Get", "s3:List"))}
+    assert _actions(writer) <= {"s3:ListBucket", "s3:GetObject", "s3:PutObject"}
+    for pol in (reader, writer):
+        for s in pol["Statement"]:
+            for r in s["Resource"]:
+                assert r in ("arn:aws:s3:::models-bucket", "arn:aws:s3:::cache-bucket",
+                             "arn:aws:s3:::cache-bucket/nodewarm/nodewarm-0.1.0.pyz") or \
+                    r.startswith(("arn:aws:s3:::models-bucket/qwen3-35b/", "arn:aws:s3:::cache-bucket/compile-cache/")), r
+            if s["Action"] == ["s3:ListBucket"]:
+                assert s["Condition"]["StringLike"]["s3:prefix"][0].endswith("/*")
+    put = [s for s in writer["Statement"] if "s3:PutObject" in s["Action"]]
+    assert all(r.startswith("arn:aws:s3:::cache-bucket/compile-cache/") for s in put for r in s["Resource"])
+    # The pointers nodes trust are only ever written conditionally.
+    envelope = [s for s in put if s["Resource"] == ["arn:aws:s3:::cache-bucket/compile-cache/*.json"]]
+    assert {tuple(s["Condition"]["Null"]) for s in envelope} == {("s3:if-none-match",), ("s3:if-match",)}
+    assert not any("kms:" in a for pol in (reader, writer) for a in _actions(pol))
+
+
+def test_kms_statements_name_exactly_the_key():
+    key = "arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    doc = v(spec__aws__kmsKeyArn=key, spec__compileCache__verifyKey="A" * 43 + "=",
+            spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"})
+    p = profile.from_dict(doc)
+    pols = render(p, instancetypes.lookup(list(p.nodes.instance_types))).iam_policies
+    kms = {name: [s for s in pol["Statement"] if s["Action"][0].startswith("kms:")] for name, pol in pols.items()}
+    assert kms["agent"] == [{"Sid": "DecryptWithBucketKey", "Effect": "Allow", "Action": ["kms:Decrypt"],
+                             "Resource": [key]}]
+    assert kms["publisher"][0]["Action"] == ["kms:Decrypt", "kms:GenerateDataKey"] and kms["publisher"][0]["Resource"] == [key]
 
 
 def test_cli_render_prints_yaml_and_exit_code_2_on_bad_profile(tmp_path, capsys):
@@ -164,11 +197,13 @@ def test_server_accepts_every_rendered_object(kube, mode):
     suffix = mode[:4]
     doc = v(mode, metadata__name=f"qwen-{suffix}", spec__nodes__nodePool=f"gpu-{suffix}",
             spec__nodes__nodeClass=f"gpu-{suffix}", spec__serving__namespace=f"ns-{suffix}")
-    docs = rendered(doc)
+    # The v1.20 API server has no ValidatingAdmissionPolicy (1.30+); its CEL is tested in test_admission_policy.
+    docs = [d for d in rendered(doc) if not d["kind"].startswith("ValidatingAdmissionPolicy")]
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": f"ns-{suffix}"}})
     results = apply(kube.api_client(), docs)
-    # One ClusterRole serves every bootstrap DaemonSet in a cluster: another test may have made it first.
-    assert [r.kind for r in results if r.action != "created"] in ([], ["ClusterRole"])
+    # The agent's ClusterRoles (and the nodes' binding) serve every profile in a cluster: another test may
+    # have made them first.
+    assert {r.kind for r in results if r.action != "created"} <= {"ClusterRole", "ClusterRoleBinding"}
     # Read back: what the server stored equals what we sent (nothing pruned away).
     from kubernetes.dynamic import DynamicClient
 
@@ -212,7 +247,12 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     docs = rendered(doc)
     pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
     vllm_c, pub = pod["containers"]
-    assert pub["name"] == "nodewarm-publish" and pub["env"] == vllm_c["env"]
+    # vLLM's environment (VLLM_*/TORCHINDUCTOR_* are in the key), plus the region (no instance metadata in pods).
+    assert pub["name"] == "nodewarm-publish" and pub["env"] == vllm_c["env"] + [
+        {"name": "AWS_REGION", "value": "us-west-2"}, {"name": "AWS_DEFAULT_REGION", "value": "us-west-2"}]
+    assert pod["serviceAccountName"] == "qwen3-35b-publisher"
+    sa = by_kind(docs, "ServiceAccount")
+    assert sa["metadata"]["name"] == "qwen3-35b-publisher" and sa["metadata"]["namespace"] == "default"
     assert {"name": "signing-key", "secret": {"secretName": "cc-key", "defaultMode": 0o400}} in pod["volumes"]
     parser = build_parser()
     published = cache_cli._spec(parser.parse_args(pub["args"]))
