@@ -6,7 +6,6 @@ private mount namespace. The node reports Warm with that identity and the contro
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import threading
-from pathlib import Path
 
 import pytest
 from kubernetes import config

@@ -324,3 +324,46 @@ def test_the_agent_rbac_grants_the_node_group_exactly_get_and_watch_on_profiles(
     assert role["rules"] == [{"apiGroups": ["nodewarm.io"], "resources": ["warmprofiles"], "verbs": ["get", "watch"]}]
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]
+
+
+def test_pod_identity_associations_are_rendered_for_each_pod_principal(tmp_path, capsys):
+    doc = v("automode", spec__compileCache__verifyKey="A" * 43 + "=",
+            spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "k"})
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["render", "-f", str(f), "-o", str(tmp_path / "out")]) == 0
+    script = (tmp_path / "out" / "pod-identity-associations.sh").read_text().splitlines()
+    cmds = [line.split() for line in script if line.startswith("aws ")]
+    assert [c[c.index("--service-account") + 1] for c in cmds] == ["nodewarm-bootstrap", "qwen3-35b-publisher"]
+    assert [c[c.index("--namespace") + 1] for c in cmds] == ["nodewarm-system", "default"]
+    assert [c[c.index("--role-arn") + 1] for c in cmds] == ["arn:aws:iam::111122223333:role/nodewarm-agent",
+                                                            "arn:aws:iam::111122223333:role/nodewarm-publisher"]
+    assert json.loads((tmp_path / "out" / "iam-publisher-policy.json").read_text())["Statement"]
+    assert json.loads((tmp_path / "out" / "iam-agent-policy.json").read_text())["Statement"]
+
+
+def test_irsa_annotates_each_service_account_with_its_own_role():
+    docs = rendered(v("automode", spec__aws__identity="irsa", spec__compileCache__verifyKey="A" * 43 + "=",
+                      spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))
+    sas = {d["metadata"]["name"]: d["metadata"]["annotations"] for d in docs if d["kind"] == "ServiceAccount"}
+    assert sas == {"nodewarm-bootstrap": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/nodewarm-agent"},
+                   "qwen3-35b-publisher": {"eks.amazonaws.com/role-arn":
+                                           "arn:aws:iam::111122223333:role/nodewarm-publisher"}}
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(spec__aws__identity="node"), "spec.aws.identity"),                    # a pod cannot use the node role
+    (dict(spec__aws__agentRoleArn=None), "spec.aws.agentRoleArn"),
+    (dict(spec__aws__clusterName=None), "spec.aws.clusterName"),
+])
+def test_a_pod_without_a_way_to_get_credentials_is_refused(changes, field):
+    with pytest.raises(profile.ProfileError) as e:
+        rendered(v("automode", **changes))
+    assert e.value.field == field
+
+
+def test_the_publisher_needs_the_buckets_region():
+    with pytest.raises(profile.ProfileError) as e:
+        rendered(v(spec__nodes__region=None, spec__compileCache__verifyKey="A" * 43 + "=",
+                   spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))
+    assert e.value.field == "spec.nodes.region"
