@@ -46,7 +46,7 @@ def serving_spec(args: argparse.Namespace):
     """The key's serving spec from `bootstrap run` options: the model is the path vLLM reads, /models/<profile>."""
     from nodewarm.nodeclasses.podlayout import model_path
 
-    from . import cachekey
+    from .compilecache import cachekey
 
     engine = dict(item.partition("=")[::2] for item in args.engine_arg)
     return cachekey.ServingSpec(model=model_path(args.profile), revision=args.revision, tp=args.tp,
@@ -54,7 +54,8 @@ def serving_spec(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import agent, cachekey
+    from . import agent
+    from .compilecache import cachekey
 
     runtime = None
     if args.runtime:

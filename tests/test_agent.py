@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bootstrap_fixtures import model_files, put_model
-from nodewarm.bootstrap import signing
+from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.controller.kube import NODES
 

@@ -200,7 +200,8 @@ def test_with_controller_renders_crd_and_controller_objects_the_server_accepts(k
 
 
 def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
-    from nodewarm.bootstrap import agent_cli, cache_cli
+    from nodewarm.bootstrap import agent_cli
+    from nodewarm.bootstrap.compilecache import cli as cache_cli
     from nodewarm.cli import build_parser
     from nodewarm.nodeclasses.launch import bootstrap_launch
 
