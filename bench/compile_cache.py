@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodewarm.bootstrap import cachekey, hitcheck, publish, restore, signing
-from nodewarm.bootstrap.bundle import CacheDirs
-from nodewarm.bootstrap.cachestore import CacheStore, parse_uri
+from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm.testenv import s3server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -70,7 +70,7 @@ def start_rclone(data_dir: Path):
 
 
 def run_nodewarm(dest: Path, env: dict) -> dict:
-    from nodewarm.bootstrap.capacity import Headroom
+    from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.weights import WeightsConfig, warm_weights
 
     os.environ.update(env)
@@ -86,7 +86,7 @@ def run_nodewarm_transfer_only(dest: Path, env: dict) -> dict:
     what they cost on this machine (the peers do neither)."""
     from unittest import mock
 
-    from nodewarm.bootstrap import s3pull
+    from nodewarm.bootstrap.weights import s3pull
 
     with mock.patch.object(s3pull, "verify_file", lambda path, obj, **kw: "none"), \
             mock.patch.object(s3pull.StreamHash, "applies", staticmethod(lambda m: False)), \

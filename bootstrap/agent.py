@@ -23,7 +23,7 @@ from nodewarm.nodeclasses.labels import (
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 
-from . import bundle, cachekey, restore
+from .compilecache import bundle, cachekey, restore
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 
 log = logs.get("bootstrap.agent")

@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from . import cachekey
+    from .compilecache import cachekey
     from .follow import Follower, FollowOptions
 
     runtime = None

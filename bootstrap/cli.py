@@ -1,5 +1,5 @@
 """`nodewarm bootstrap ...`: the node-side commands. Each subcommand is a thin shell over a library call:
-`run` (agent_cli), `weights` (here), `compile-cache ...` and the top-level `publish` (cache_cli)."""
+`run` (agent_cli), `weights` (here), `compile-cache ...` and the top-level `publish` (compilecache.cli)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nodewarm.errors import NodewarmError
 
-from .capacity import GiB, Headroom
+from .weights.capacity import GiB, Headroom
 from .s3client import RetryPolicy
 
 BOOTSTRAP_DESCRIPTION = """\
@@ -136,7 +136,8 @@ def _run_weights(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from . import agent_cli, cache_cli
+    from . import agent_cli
+    from .compilecache import cli as cache_cli
 
     p = sub.add_parser("bootstrap", help="node-side warm-up: run (everything), weights, compile caches",
                        description=BOOTSTRAP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -53,7 +53,7 @@ def serving_spec_args(p: WarmProfile) -> tuple[str, ...]:
 def serving_spec(p: WarmProfile):
     """The compile-cache key's serving spec, as the node agent uses it (the model string is the path vLLM is
     started with)."""
-    from nodewarm.bootstrap import cachekey
+    from nodewarm.bootstrap.compilecache import cachekey
 
     return cachekey.ServingSpec(model=model_path(p.name), revision=p.model.revision,
                                 tp=p.serving.tensor_parallel_size, image=p.serving.image, engine=serving_engine(p))

@@ -101,10 +101,12 @@ def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
 
 
 def publisher_service_account(p: WarmProfile) -> dict:
-    return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": identity.publisher_service_account(p), "namespace": p.serving.namespace,
-                         "labels": {**labels(p), MANAGED_BY: "nodewarm"},
-                         "annotations": identity.service_account_annotations(p, "publisher")}}
+    md = {"name": identity.publisher_service_account(p), "namespace": p.serving.namespace,
+          "labels": {**labels(p), MANAGED_BY: "nodewarm"}}
+    annotations = identity.service_account_annotations(p, "publisher")
+    if annotations:          # an empty map is never stored: re-applying it would rewrite the object
+        md["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": md}
 
 
 def labels(p: WarmProfile) -> dict:

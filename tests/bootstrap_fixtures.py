@@ -107,7 +107,7 @@ def proxy(s3, monkeypatch):
 
 def warm(uri: str, dest: Path, load_check: bool = False, **pull):
     """warm_weights as tests use it: not on NVMe here, no headroom, small parts, fast bounded retries."""
-    from nodewarm.bootstrap.capacity import Headroom
+    from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.s3client import RetryPolicy
     from nodewarm.bootstrap.weights import WeightsConfig, warm_weights
 

@@ -11,7 +11,7 @@ import pytest
 from agent_fixtures import agent_rbac, node_kubeconfig, profile_doc, warmprofile  # noqa: F401  (fixtures)
 from bootstrap_fixtures import model_files, put_model
 from nodewarm import generation, profile
-from nodewarm.bootstrap import signing
+from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.controller.kube import NODES
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from nodewarm.bootstrap import bundle
-from nodewarm.bootstrap.bundle import Limits, UnsafeArchive
+from nodewarm.bootstrap.compilecache import bundle
+from nodewarm.bootstrap.compilecache.bundle import Limits, UnsafeArchive
 
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from nodewarm.bootstrap import cachekey
-from nodewarm.bootstrap.cachekey import RuntimeProbe, ServingSpec
+from nodewarm.bootstrap.compilecache import cachekey
+from nodewarm.bootstrap.compilecache.cachekey import RuntimeProbe, ServingSpec
 
 PROBE = RuntimeProbe(
     torch_version="2.13.0+cu130", torch_build="d34d1007" * 8, cuda="13.0", triton="3.9.0", triton_build="t" * 64,
@@ -95,7 +95,7 @@ def test_factors_and_manifest_roundtrip_through_json():
 @pytest.mark.torch
 def test_probe_reads_the_real_runtime_and_sees_the_isa():
     """The real probe in fresh processes: forcing AVX2 (as a smaller CPU would) changes the key."""
-    code = ("import json, dataclasses; from nodewarm.bootstrap import cachekey; "
+    code = ("import json, dataclasses; from nodewarm.bootstrap.compilecache import cachekey; "
             "print(json.dumps(dataclasses.asdict(cachekey.probe_runtime())))")
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
     native = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

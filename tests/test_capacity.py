@@ -1,11 +1,11 @@
-"""bootstrap/capacity.py: the free-space check, on a real small filesystem."""
+"""bootstrap/weights/capacity.py: the free-space check, on a real small filesystem."""
 
 from __future__ import annotations
 
 import pytest
 
 from bootstrap_fixtures import loop_volume
-from nodewarm.bootstrap import capacity
+from nodewarm.bootstrap.weights import capacity
 
 MiB = 1024 * 1024
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from nodewarm.bootstrap import cachekey, hitcheck, publish, restore, signing
-from nodewarm.bootstrap.bundle import CacheDirs
-from nodewarm.bootstrap.cachestore import CacheStore, parse_uri
+from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
 MODEL = Path(__file__).resolve().parent.parent / "testenv" / "compile_probe.py"
 HASH = "ab" * 32
@@ -191,7 +191,7 @@ def test_a_real_recompile_is_reported_as_a_miss(published, real_factors, tmp_pat
 
 
 def _probe(env: dict) -> dict:
-    code = ("import json, dataclasses; from nodewarm.bootstrap import cachekey; "
+    code = ("import json, dataclasses; from nodewarm.bootstrap.compilecache import cachekey; "
             "print(json.dumps(dataclasses.asdict(cachekey.probe_runtime())))")
     return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      check=True).stdout)

@@ -1,4 +1,4 @@
-"""bootstrap/manifest.py (listing -> plan, pure) and bootstrap/verify.py's choice of evidence."""
+"""bootstrap/weights/manifest.py (listing -> plan, pure) and bootstrap/weights/verify.py's choice of evidence."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from nodewarm.bootstrap import manifest, verify
-from nodewarm.bootstrap.manifest import LocalEntry, LocalManifest, RemoteObject
+from nodewarm.bootstrap.weights import manifest, verify
+from nodewarm.bootstrap.weights.manifest import LocalEntry, LocalManifest, RemoteObject
 
 
 def obj(rel: str, size: int = 10, etag: str = "e1", version: str | None = None, checksum: str | None = None):

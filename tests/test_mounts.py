@@ -1,4 +1,4 @@
-"""bootstrap/mounts.py against /proc and /sys trees replayed from the documented RAID0 layouts."""
+"""bootstrap/weights/mounts.py against /proc and /sys trees replayed from the documented RAID0 layouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodewarm.bootstrap import mounts
+from nodewarm.bootstrap.weights import mounts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "proc_sys"
 

@@ -20,9 +20,9 @@ import pytest
 import zstandard
 
 from nodewarm import cli
-from nodewarm.bootstrap import cachekey, hitcheck, publish, restore, signing
-from nodewarm.bootstrap.bundle import CacheDirs
-from nodewarm.bootstrap.cachestore import CacheStore, blob_key, envelope_key, parse_uri
+from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+from nodewarm.bootstrap.compilecache.cachestore import CacheStore, blob_key, envelope_key, parse_uri
 
 pytestmark = pytest.mark.s3
 
@@ -262,7 +262,7 @@ def test_empty_bucket_is_a_cold_start(rclone_store, keys, tmp_path):
     assert "first node" in out.message
 
 
-@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/publish.py
+@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/compilecache/publish.py
 def test_watcher_publishes_after_a_compile_goes_quiet(rclone_store, keys, tmp_path):
     roots = _node(tmp_path, "w", compiled=False)
     box: dict = {}
@@ -286,7 +286,7 @@ def test_nothing_compiled_publishes_nothing(rclone_store, keys, tmp_path):
     assert rclone_store.list(cachekey.prefix(FACTORS, rclone_store.root), delimiter=None) == []
 
 
-@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/publish.py
+@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/compilecache/publish.py
 def test_watcher_times_out_without_a_compile(rclone_store, keys, tmp_path):
     settings = dataclasses.replace(FAST, timeout_s=2.0)
     res = publish.watch_and_publish(rclone_store, _node(tmp_path, "idle", compiled=False), FACTORS, keys[0],
@@ -375,7 +375,7 @@ def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_im
 
     # A descriptor signed by another key is refused: the node stays cold, and says why.
     other = signing.load_private(signing.generate(tmp_path / "other.pem").private_path)
-    from nodewarm.bootstrap.cachestore import runtime_key
+    from nodewarm.bootstrap.compilecache.cachestore import runtime_key
 
     store.put(runtime_key(store.root, SPEC.image), signing.seal({"runtime": factors.runtime_probe(), "env": env}, other))
     forged = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"))

@@ -12,7 +12,7 @@ import pytest
 
 from bootstrap_fixtures import KiB, model_files, proxy, put_model, visible_files, warm  # noqa: F401
 from faultproxy import Corrupt, Hook, Reply, Reset, Stall, Trickle, Truncate, first_n
-from nodewarm.bootstrap.manifest import parse_s3_uri
+from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.s3client import RetryPolicy
 from nodewarm.errors import NodewarmError
 

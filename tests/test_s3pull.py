@@ -10,10 +10,11 @@ import pytest
 
 from bootstrap_fixtures import KiB, loop_volume, model_files, new_bucket, proxy, put_model, visible_files, warm  # noqa: F401
 from faultproxy import Reply
-from nodewarm.bootstrap import s3client, s3pull
-from nodewarm.bootstrap.capacity import InsufficientNVMe
-from nodewarm.bootstrap.manifest import parse_s3_uri
-from nodewarm.bootstrap.progress import Progress, render_bar
+from nodewarm.bootstrap import s3client
+from nodewarm.bootstrap.weights import listing, s3pull
+from nodewarm.bootstrap.weights.capacity import InsufficientNVMe
+from nodewarm.bootstrap.weights.manifest import parse_s3_uri
+from nodewarm.bootstrap.weights.progress import Progress, render_bar
 from nodewarm.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
@@ -146,7 +147,7 @@ def test_disk_full_fails_before_any_get_and_leaves_nothing_behind(s3, proxy, tmp
     with loop_volume(tmp_path, 8) as vol:  # smaller than the model; the capacity check is bypassed here
         dest = vol / "model"
         client = s3client.make_client(4, 2, 2)
-        objects, _ = s3client.list_model(client, u, s3client.RetryPolicy(attempts=2))
+        objects, _ = listing.list_model(client, u, s3client.RetryPolicy(attempts=2))
         config = s3pull.PullConfig(concurrency=4, part_size=512 * KiB)
         with pytest.raises(InsufficientNVMe) as e, Progress("download", sum(map(len, files.values()))) as progress:
             s3pull.pull(client, u.bucket, objects, dest, config, progress, on_file=lambda f: None)

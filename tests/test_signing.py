@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from nodewarm.bootstrap import signing
-from nodewarm.bootstrap.signing import BundleTampered, BundleUnsigned, SigningKeyError
+from nodewarm.bootstrap.compilecache import signing
+from nodewarm.bootstrap.compilecache.signing import BundleTampered, BundleUnsigned, SigningKeyError
 
 MANIFEST = {"key_id": "abc", "sha256": "00" * 32, "size": 10, "factors": {"cpu_isa": "avx512"}}
 

@@ -109,9 +109,11 @@ def manifests(
     service_account = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/name": NAME},
-                     "annotations": dict(service_account_annotations or {})},
+        "metadata": {"name": NAME, "namespace": namespace, "labels": {"app.kubernetes.io/name": NAME}},
     }
+    if service_account_annotations:
+        # Only when there are some: an empty map is never stored, so re-applying it would rewrite the object.
+        service_account["metadata"]["annotations"] = dict(service_account_annotations)
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",

@@ -96,8 +96,8 @@ def compile_probe(cache_dir: Path, env: dict | None = None) -> dict:
 def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dict]:
     """'Node A' compiles cold, then publishes its cache, signed, first writer wins. Returns the verify key
     and the cold probe (the baseline's compile time)."""
-    from nodewarm.bootstrap import cachekey, publish, signing
-    from nodewarm.bootstrap.cachestore import CacheStore, parse_uri
+    from nodewarm.bootstrap.compilecache import cachekey, publish, signing
+    from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
     base = work / "node-a" / "compile-cache"
     inductor, tmp = base / "inductor", base / "tmp"
@@ -279,7 +279,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
          say) -> DemoResult:
     from kubernetes import client
 
-    from nodewarm.bootstrap import cachekey
+    from nodewarm.bootstrap.compilecache import cachekey
     from nodewarm.controller.controller import Controller, ControllerOptions
     from nodewarm.testenv.karpenter import KarpenterSim
 

@@ -21,8 +21,7 @@ from pathlib import Path
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
-from .manifest import S3Uri
-from .s3client import RetryPolicy, S3ObjectMissing, call_with_retries, make_client
+from ..s3client import RetryPolicy, S3ObjectMissing, S3Uri, call_with_retries, make_client
 
 log = logs.get("bootstrap.compilecache")
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from nodewarm.errors import NodewarmError
 
+from ..s3client import S3Uri
+
 MANIFEST_VERSION = 1
 
 # With safetensors present these are redundant copies of the same weights that vLLM never reads.
@@ -25,15 +27,6 @@ REDUNDANT_WEIGHT_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpa
 
 class InvalidModelSource(NodewarmError):
     reason = "InvalidModelSource"
-
-
-@dataclass(frozen=True)
-class S3Uri:
-    bucket: str
-    prefix: str  # "" or ends with "/"
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}"
 
 
 def parse_s3_uri(uri: str) -> S3Uri:

@@ -26,10 +26,10 @@ from typing import Callable
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
+from ..s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
 from .capacity import InsufficientNVMe
 from .manifest import RemoteObject
 from .progress import Progress
-from .s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
 from .verify import StreamHash, VerifyFailed, method_for, verify_file
 
 log = logs.get("bootstrap.weights")

@@ -21,7 +21,8 @@ from typing import Iterator
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
-from . import capacity, manifest, mounts, s3client, s3pull
+from .. import s3client
+from . import capacity, listing, manifest, mounts, s3pull
 from .loadcheck import check_loadable
 from .progress import Progress
 
@@ -177,7 +178,7 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
     base = s3pull.PullConfig(**cfg.pull_overrides)  # timeouts and retries; sizing waits for the plan
     with phase("list"):
         lister = s3client.make_client(16, base.connect_timeout_s, base.stall_timeout_s)
-        objects, summary.excluded = s3client.list_model(lister, uri, base.retry, exclude=cfg.exclude)
+        objects, summary.excluded = listing.list_model(lister, uri, base.retry, exclude=cfg.exclude)
     summary.files, summary.bytes = len(objects), sum(o.size for o in objects)
     log.info("weights.listed", uri=str(uri), files=summary.files, bytes=summary.bytes,
              excluded=len(summary.excluded))
