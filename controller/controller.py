@@ -328,6 +328,10 @@ class Controller:
             try:
                 self._execute(plan, claim, node)
                 return plan
+            except NotLeading:
+                if plan.action == planner.DELETE_CLAIM:
+                    self._unreserve(claim.nodepool)     # raised before anything was sent
+                raise
             except ApiException as e:
                 if plan.action == planner.DELETE_CLAIM:
                     self._unreserve(claim.nodepool)

@@ -186,7 +186,7 @@ class ReplaceGate:
 def replace_gate(pool: str, recent: tuple[float, ...], now: float, policy: ReplacePolicy) -> ReplaceGate:
     within = sorted(t for t in recent if now - t < policy.window_s)
     if len(within) >= policy.budget:
-        until = within[-policy.budget] + policy.window_s
+        until = (within[-policy.budget] if policy.budget > 0 else now) + policy.window_s
         return ReplaceGate(False, until, Condition(
             "ReplacementsPaused", "True", "BudgetExhausted",
             f"NodePool {pool}: {len(within)} nodes replaced for missing the warm deadline in the last "

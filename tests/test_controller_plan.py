@@ -281,6 +281,8 @@ def test_replace_budget_backs_off_exponentially_and_opens_when_spent():
     assert (g.condition.type, g.condition.status, g.condition.reason) == ("ReplacementsPaused", "True", "BudgetExhausted")
     assert "pool" in g.condition.message
     assert planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
+    off = planner.replace_gate("pool", (), T0, planner.ReplacePolicy(budget=0))   # --replace-budget 0: never
+    assert not off.allowed and off.condition.status == "True"
 
 
 # -- the cached view is a projection --------------------------------------------------------------------
