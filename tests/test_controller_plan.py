@@ -341,3 +341,16 @@ def test_the_cached_node_view_holds_only_the_projected_fields():
     bumped["metadata"]["resourceVersion"] = "999"
     bumped["metadata"]["labels"]["another"] = "label"
     assert NodeView.from_obj(bumped) == view
+
+
+def test_leader_timings_must_leave_no_window_for_two_leaders():
+    from nodewarm.controller.leader import LeaderConfig
+
+    ok = LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+    assert ok.request_timeout_s < ok.renew_deadline_s       # one hung call cannot outlast the deadline
+    with pytest.raises(ValueError, match="greater than the renew deadline"):
+        LeaderConfig("ns", identity="a", lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+    with pytest.raises(ValueError, match="retry period"):
+        LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
+    with pytest.raises(ValueError, match="identity"):
+        LeaderConfig("ns", identity="")
