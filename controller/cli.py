@@ -21,8 +21,11 @@ WarmProfile:
             every node of the class, so it converges once and never flaps).
   gate      when a node reports condition nodewarm.io/Warm=True, remove only the readiness taint
             (guarded JSON patch) and label the node with its profile, model and compile-cache result.
-  deadline  past spec.readiness.deadline without Warm: untaint (label cold), replace (delete the
-            NodeClaim) or keep (event only), per spec.readiness.onDeadline.
+  deadline  past spec.readiness.deadline (>= 1m) without Warm, after re-reading the node live: untaint
+            (label cold), replace (delete the NodeClaim; at most --replace-budget per NodePool per
+            --replace-window-seconds, backing off exponentially, never for failures a new node would
+            repeat such as NotInstanceStore) or keep (record + event; a late Warm still lifts the taint),
+            per spec.readiness.onDeadline.
 Every decision is a Kubernetes Event on the Node and the NodeClaim, a log line and a metric; what
 was decided is recorded on the Node (annotation nodewarm.io/state), so a restart does nothing twice.
 
@@ -59,6 +62,11 @@ def register(sub) -> None:
     p.add_argument("--workers", type=int, default=4, help="NodeClaims reconciled concurrently (default 4)")
     p.add_argument("--instance-source", choices=("offline", "ec2"), default="offline",
                    help="where NVMe sizes for Auto Mode ephemeralStorage come from (default: built-in table)")
+    p.add_argument("--replace-budget", type=int, default=3,
+                   help="onDeadline=replace: most NodeClaims replaced per NodePool per window (default 3); when "
+                        "spent, the WarmProfile shows ReplacementsPaused=True")
+    p.add_argument("--replace-window-seconds", type=float, default=3600.0,
+                   help="the replace budget's window (default 3600)")
     p.add_argument("--resync-seconds", type=float, default=300.0, help="re-check everything this often (default 300)")
     p.add_argument("--watch-timeout-seconds", type=int, default=300,
                    help="server-side watch timeout; watches resume from the last resourceVersion (default 300)")
@@ -93,6 +101,7 @@ def options_from(args: argparse.Namespace):
               metrics_port=port(args.metrics_port), health_port=port(args.health_port), bind_address=args.bind_address,
               profiles=tuple(profile.load(f) for f in args.profile), watch_profiles=not args.no_watch_profiles,
               watch_timeout_s=args.watch_timeout_seconds, resync_s=args.resync_seconds,
+              replace_budget=max(0, args.replace_budget), replace_window_s=args.replace_window_seconds,
               instance_source=args.instance_source)
     if args.identity:
         kw["identity"] = args.identity

@@ -5,8 +5,10 @@ Run it in-process (demo, tests, bench)::
     c = Controller(api_client, ControllerOptions(...))
     c.run_until(stop_event)          # or c.start() ... c.stop()
 
-Keys in the queue are ``claim/<NodeClaim>`` and ``profile/<WarmProfile>``. Every replica lists and
-watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys.
+Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>`` and ``budget/<NodePool>`` (re-check
+a paused replace budget). Every replica lists and watches (so a standby's caches are warm when it takes
+over); only the Lease holder processes keys, each write bounded by the time its Lease still covers.
+A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
 Deleting a WarmProfile (finalizer ``nodewarm.io/cleanup``) takes its startup taint out of the NodePool and off
 the nodes still carrying it, but leaves userData/instanceStorePolicy in place: removing them would drift
 (replace) every node of the class.
@@ -37,12 +39,16 @@ from .kube import (
 )
 from .leader import LeaderConfig, LeaderElector
 from .metrics import HttpEndpoints, Metrics, metrics_routes
-from .model import NODEPOOL_LABEL, ClaimView, Condition, NodeView, fmt_time_s, parse_time
+from .model import ClaimView, Condition, NodeView, fmt_time_s, parse_time
 from .reflector import Reflector, wait_synced
 from .workqueue import WorkQueue
 
 MAX_CONFLICT_RETRIES = 5
 FINALIZER = "nodewarm.io/cleanup"
+
+
+class NotLeading(Exception):
+    """This replica's Lease no longer covers a write: drop the work, the next leader re-enqueues it."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,11 @@ class ControllerOptions:
     resync_s: float = 300.0
     instance_source: str = "offline"
     event_namespace: str = "default"
+    list_page_size: int = 250              # objects per list page: bounds the memory of a (re)list
+    replace_budget: int = 3                # onDeadline=replace: replacements per NodePool per window
+    replace_window_s: float = 3600.0
+    replace_backoff_s: float = 60.0        # wait after the k-th replacement: this x 2**(k-1), capped
+    replace_backoff_max_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ def _generation_view(o: dict) -> tuple[str, int]:
 class Controller:
     def __init__(self, api_client: client.ApiClient, options: ControllerOptions | None = None):
         self.opt = options or ControllerOptions()
-        self.kube = Kube(api_client)
+        self.kube = Kube(api_client, retries=False)
         self.metrics = Metrics()
         self.kube.on_write = lambda res, verb: self.metrics.writes.labels(res, verb).inc()
         self.queue = WorkQueue()
@@ -123,20 +134,27 @@ class Controller:
         self.is_leader = threading.Event()
         # (claim, action) in order, the latest few thousand: what tests and the demo read.
         self.decisions: deque[tuple[str, str]] = deque(maxlen=10000)
+        self.replace_policy = planner.ReplacePolicy(self.opt.replace_budget, self.opt.replace_window_s,
+                                                    self.opt.replace_backoff_s, self.opt.replace_backoff_max_s)
+        self._replaced: dict[str, list[float]] = {}     # NodePool -> when we replaced its nodes (this term)
 
-        w = self.opt.watch_timeout_s
-        self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w)
-        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w)
-        self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w)
-        self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w)
-        self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w)
+        w, page = self.opt.watch_timeout_s, self.opt.list_page_size
+        self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w, page_size=page)
+        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w, page_size=page)
+        self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w, page_size=page)
+        self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w, page_size=page)
+        self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w,
+                                              page_size=page)
         self.reflectors = [self.claims, self.nodes, self.nodepools, self.ec2nodeclasses, self.automode_nodeclasses]
         self.profiles: Reflector | None = None
         if self.opt.watch_profiles:
-            self.profiles = Reflector(self.kube, WARMPROFILES, ProfileView.from_obj, self._on_profile, w)
+            self.profiles = Reflector(self.kube, WARMPROFILES, ProfileView.from_obj, self._on_profile, w,
+                                      page_size=page)
             self.reflectors.append(self.profiles)
         self.elector = None
-        if self.opt.leader_elect:
+        if self.opt.leader_elect and self.opt.dry_run:
+            self.log.info("leader.skipped", why="--dry-run writes nothing, so it never takes the Lease")
+        elif self.opt.leader_elect:
             self.elector = LeaderElector(self.kube, LeaderConfig(
                 self.opt.lease_namespace, self.opt.lease_name, self.opt.identity, self.opt.lease_duration_s,
                 self.opt.renew_deadline_s, self.opt.retry_period_s), self._became_leader, self._lost_leadership)
@@ -232,6 +250,19 @@ class Controller:
         self.is_leader.clear()
         self.metrics.leader.set(0)
 
+    def _acting(self) -> bool:
+        """Leader now, with Lease time left (the elector's flag alone could lag a stalled renew)."""
+        return self.is_leader.is_set() and (self.elector is None or self.elector.leading())
+
+    def _write_timeout(self) -> float | None:
+        """A write must end while the Lease still covers it; without leader election, the client default."""
+        if self.elector is None:
+            return None
+        left = self.elector.remaining_s()
+        if left <= 0.05:
+            raise NotLeading()
+        return min(self.kube.timeout, left)
+
     # -- workers ---------------------------------------------------------------------------------------
     def _worker(self) -> None:
         while not self._stop.is_set():
@@ -239,14 +270,18 @@ class Controller:
             if key is None:
                 continue
             try:
-                if not self.is_leader.is_set():
+                if not self._acting():
                     continue     # a new leader re-enqueues everything; nothing is lost by dropping it here
                 kind, name = key.split("/", 1)
                 if kind == "claim":
                     self.reconcile_claim(name)
+                elif kind == "budget":
+                    self.reconcile_budget(name)
                 else:
                     self.reconcile_profile(name)
                 self.queue.forget(key)
+            except NotLeading:
+                self.log.info("reconcile.dropped", key=key, why="lease no longer covers a write")
             except Exception as e:
                 self.metrics.reconcile_errors.labels(key.split("/", 1)[0]).inc()
                 delay = self.queue.retry(key)
@@ -260,6 +295,31 @@ class Controller:
             node_name = self._node_by_pid.get(claim.provider_id) if claim.provider_id else None
         return self.nodes.store.get(node_name) if node_name else None
 
+    def _read_live(self, claim: ClaimView, node: NodeView | None) -> tuple[ClaimView | None, NodeView | None]:
+        """GET the NodeClaim and its Node from the API server (not the cache): deadline actions and
+        retries after a conflict decide on what is there now."""
+        timeout = self._write_timeout()
+        try:
+            live_claim = ClaimView.from_obj(self.kube.get(NODECLAIMS, claim.name, timeout=timeout))
+        except ApiException as e:
+            if e.status == 404:
+                return None, None
+            raise
+        name = node.name if node is not None else None
+        if name is None:
+            cached = self._node_for(live_claim)
+            name = cached.name if cached else None
+        live_node = None
+        if name is not None:
+            try:
+                live_node = NodeView.from_obj(self.kube.get(NODES, name, timeout=self._write_timeout()))
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        if live_node is not None and live_node.provider_id != live_claim.provider_id:
+            live_node = None      # a namesake Node of another instance is not this claim's node
+        return live_claim, live_node
+
     def reconcile_claim(self, name: str) -> planner.Plan | None:
         claim = self.claims.store.get(name)
         if claim is None:
@@ -268,12 +328,27 @@ class Controller:
         node = self._node_for(claim)
         if p is not None and node is not None and not node.has_taint(p.readiness.taint_key):
             p = self._gated_by_retired_key(p, node)
+        live = False
         for _ in range(MAX_CONFLICT_RETRIES):
             plan = planner.plan_claim(claim, node, p, time.time())
+            if plan.deadline and not live:
+                # The cache can be a moment behind (a node that has just turned Warm): re-read, re-plan.
+                claim, node = self._read_live(claim, node)
+                live = True
+                if claim is None:
+                    return None
+                continue
             if plan.action == planner.NONE:
                 if plan.requeue_after is not None:
                     self.queue.add_after(f"claim/{name}", plan.requeue_after + 0.05)
                 return plan
+            if plan.action == planner.DELETE_CLAIM:
+                gate = self._replace_gate(claim.nodepool, p, reserve=not self.opt.dry_run)
+                if not gate.allowed:
+                    self.log.info("decision.replace_paused", nodeclaim=name, nodepool=claim.nodepool,
+                                  until=gate.until, reason=gate.condition.reason)
+                    self.queue.add_after(f"claim/{name}", gate.until - time.time() + 0.05)
+                    return planner.Plan(name, conditions=plan.conditions, requeue_after=gate.until - time.time())
             if self.opt.dry_run:
                 self.log.info("decision.would", nodeclaim=name, node=node.name if node else None, action=plan.action,
                               reasons=[c.reason for c in plan.conditions])
@@ -281,17 +356,60 @@ class Controller:
             try:
                 self._execute(plan, claim, node)
                 return plan
+            except NotLeading:
+                if plan.action == planner.DELETE_CLAIM:
+                    self._unreserve(claim.nodepool)     # raised before anything was sent
+                raise
             except ApiException as e:
+                if plan.action == planner.DELETE_CLAIM:
+                    self._unreserve(claim.nodepool)
                 if e.status == 404:
                     self.log.info("decision.target_gone", nodeclaim=name, action=plan.action)
                     return None
-                if e.status not in (409, 422) or node is None:
+                if e.status not in (409, 422):
                     raise
-                # The node changed under us (taint list moved, or a conflict): re-read, re-plan, retry.
-                self.metrics.conflicts.labels("nodes").inc()
-                self.log.info("decision.conflict", nodeclaim=name, node=node.name, status=e.status)
-                node = NodeView.from_obj(self.kube.get(NODES, node.name))
-        raise RuntimeError(f"node for NodeClaim {name} kept changing; giving up after {MAX_CONFLICT_RETRIES} tries")
+                # The object changed under us (taint list moved, a newer resourceVersion): re-read, re-plan.
+                self.metrics.conflicts.labels("nodeclaims" if plan.action == planner.DELETE_CLAIM else "nodes").inc()
+                self.log.info("decision.conflict", nodeclaim=name, node=node.name if node else None, status=e.status)
+                claim, node = self._read_live(claim, node)
+                live = True
+                if claim is None:
+                    return None
+        raise RuntimeError(f"NodeClaim {name} or its node kept changing; giving up after {MAX_CONFLICT_RETRIES} tries")
+
+    # -- replace budget ------------------------------------------------------------------------------
+    def _replace_gate(self, pool: str, p, reserve: bool) -> planner.ReplaceGate:
+        with self._lock:
+            now = time.time()
+            history = self._replaced.setdefault(pool, [])
+            history[:] = [t for t in history if now - t < self.replace_policy.window_s]
+            gate = planner.replace_gate(pool, tuple(history), now, self.replace_policy)
+            if gate.allowed and reserve:
+                history.append(now)
+        self._budget_condition(p, gate)
+        if gate.condition.status == "True":
+            self.queue.add_after(f"budget/{pool}", gate.until - time.time() + 0.05)
+        return gate
+
+    def _unreserve(self, pool: str) -> None:
+        with self._lock:
+            if self._replaced.get(pool):
+                self._replaced[pool].pop()
+
+    def _budget_condition(self, p, gate: planner.ReplaceGate) -> None:
+        view = self.profiles.store.get(p.name) if (p is not None and self.profiles is not None) else None
+        old = next((c for c in view.conditions if c.get("type") == gate.condition.type), None) if view else None
+        if old is None and gate.condition.status == "False":
+            return     # never paused: no condition to clear
+        self._set_profile_condition(view, gate.condition)
+
+    def reconcile_budget(self, pool: str) -> planner.ReplaceGate:
+        """A paused budget reopened (or is still paused): keep the WarmProfile's condition true to it."""
+        gate = self._replace_gate(pool, self.profile_for_pool(pool), reserve=False)
+        if gate.condition.status == "False":
+            # The claims it held back were requeued for the same moment; nothing else to do here.
+            self.log.info("replace_budget.reopened", nodepool=pool)
+        return gate
 
     def _gated_by_retired_key(self, p: WarmProfile, node: NodeView) -> WarmProfile:
         """A node registered before a taintKey rename carries the old key: gate it by that key."""
@@ -302,20 +420,18 @@ class Controller:
         return p
 
     def _execute(self, plan: planner.Plan, claim: ClaimView, node: NodeView | None) -> None:
+        timeout = self._write_timeout()
         if plan.action == planner.DELETE_CLAIM:
-            try:
-                self.kube.delete(NODECLAIMS, claim.name, uid=claim.uid)
-            except ApiException as e:
-                if e.status not in (404, 409):   # gone already / a different NodeClaim of that name now
-                    raise
-                return
+            # Exactly the NodeClaim we planned on: another uid or a newer resourceVersion gets 409 and a re-plan.
+            self.kube.delete(NODECLAIMS, claim.name, uid=claim.uid, resource_version=claim.resource_version or None,
+                             timeout=timeout)
         else:
-            after = self.kube.json_patch(NODES, node.name, list(plan.node_ops))
+            after = self.kube.json_patch(NODES, node.name, list(plan.node_ops), timeout=timeout)
             # Feed our own write into the cache so a re-queue before the watch event sees the record.
             self.nodes.store[node.name] = NodeView.from_obj(after)
-        self.metrics.observe(claim.nodepool, plan.counters, plan.durations)
         with self._lock:
             self.decisions.append((claim.name, plan.action))
+        self.metrics.observe(claim.nodepool, plan.counters, plan.durations)
         node_ev = next((e for e in plan.events if e.kind == "Node"), None)
         claim_ev = next((e for e in plan.events if e.kind == "NodeClaim"), None)
         for ev in plan.events:
@@ -426,7 +542,7 @@ class Controller:
         """Remove ``key`` from every node of ``pool`` still carrying it (guarded, like the gate's untaint)."""
         lifted = 0
         for node in list(self.nodes.store.values()):
-            if node.labels.get(NODEPOOL_LABEL) != pool or not node.has_taint(key):
+            if node.nodepool != pool or not node.has_taint(key):
                 continue
             for _ in range(MAX_CONFLICT_RETRIES):
                 try:
@@ -520,13 +636,16 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         if self.elector is not None:
-            self.elector.stop()
+            self.elector.stop()           # steps down: workers stop acting now
         self.queue.shutdown()
         for r in self.reflectors:
             r.stop()
         for t in self._threads:
             t.join(5)
         self.events.stop()
+        # Hand over at once, but only when no worker can still be writing: else the Lease just expires.
+        if self.elector is not None and not any(t.is_alive() for t in self._threads):
+            self.elector.release()
         for h in self._http:
             h.stop()
         for r in self.reflectors:

@@ -3,7 +3,9 @@
 Events are informational, so like client-go's broadcaster they are posted by a background thread
 from a bounded queue: a slow or failing events endpoint never delays lifting a taint, and under an
 event storm the oldest-first backlog is capped (dropped events are counted and logged, not retried
-forever). Node and NodeClaim are cluster-scoped, so their events go to the ``default`` namespace,
+forever). Posting is rate-limited (a token bucket, ``qps`` with ``burst``): a burst of 1,000 nodes
+warming at once must not turn into 2,000 event writes racing the taint patches for the API server's
+attention; the backlog drains at ``qps``. Node and NodeClaim are cluster-scoped, so their events go to the ``default`` namespace,
 where ``kubectl describe node`` / ``describe nodeclaim`` look for them.
 """
 
@@ -26,8 +28,12 @@ COMPONENT = "nodewarm-controller"
 
 
 class EventRecorder:
-    def __init__(self, kube: Kube, namespace: str = "default", capacity: int = 4096, instance: str = ""):
+    def __init__(self, kube: Kube, namespace: str = "default", capacity: int = 4096, instance: str = "",
+                 qps: float = 10.0, burst: int = 100):
         self.kube, self.namespace = kube, namespace
+        self.qps, self.burst = qps, burst
+        self._tokens, self._refilled = float(burst), time.monotonic()
+        self._closing = threading.Event()
         self.instance = instance or socket.gethostname()
         self._q: queue.Queue[tuple[EventSpec, EventSpec | None] | None] = queue.Queue(maxsize=capacity)
         self.dropped = 0
@@ -46,6 +52,7 @@ class EventRecorder:
             self._q.put_nowait(None)
         except queue.Full:
             pass
+        self._closing.set()
         self._thread.join(max(0.1, deadline - time.monotonic()))
 
     def emit(self, ev: EventSpec, related: EventSpec | None = None) -> None:
@@ -61,12 +68,27 @@ class EventRecorder:
             ref["uid"] = e.uid
         return ref
 
+    def _take_token(self) -> bool:
+        """Wait for a token; False when stopping (what is still queued then is dropped)."""
+        while True:
+            now = time.monotonic()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._refilled) * self.qps)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            if self._closing.wait((1 - self._tokens) / self.qps):
+                return False
+
     def _run(self) -> None:
         while True:
             item = self._q.get()
             try:
                 if item is None:
                     return
+                if not self._take_token():
+                    self.dropped += 1
+                    continue
                 ev, related = item
                 now = fmt_time_s(time.time())
                 body = {

@@ -6,10 +6,16 @@ and NodeClaim into pydantic models costs CPU and memory the 1000-node burst cann
 typed bodies re-serialise MicroTime fields (Lease ``renewTime``) in a format the API server rejects,
 (3) Karpenter's CRDs have no models anyway. Each mutating call is counted (``writes``) so the bench
 and the metrics can report API writes per node honestly.
+
+``retries=False`` (the controller's setting) sends every request once: urllib3's default retries a
+timed-out GET/PUT/DELETE three more times, so a 10 s timeout could hold a Lease renew for 40 s. The
+controller has its own retries (work queue backoff, reflector relists, the elector's retry period),
+each of which respects its deadline.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import Counter
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import quote
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -71,7 +78,12 @@ def is_status(e: BaseException, *codes: int) -> bool:
 class Kube:
     """JSON requests over one ``kubernetes.client.ApiClient`` (thread-safe: urllib3 pools connections)."""
 
-    def __init__(self, api_client: client.ApiClient, request_timeout_s: float = 10.0):
+    def __init__(self, api_client: client.ApiClient, request_timeout_s: float = 10.0, retries: bool = True):
+        if not retries:
+            # Its own client (and connection pool): the caller's may be shared with code that wants retries.
+            cfg = copy.copy(api_client.configuration)
+            cfg.retries = urllib3.Retry(total=0, redirect=0, raise_on_redirect=False)
+            api_client = client.ApiClient(cfg)
         self.api = api_client
         self.timeout = request_timeout_s
         self._lock = threading.Lock()
@@ -115,24 +127,29 @@ class Kube:
             self.on_write(resource, method)
 
     # -- verbs -------------------------------------------------------------------------------------
-    def get(self, res: Resource, name: str, namespace: str | None = None) -> dict:
-        return self.request("GET", res.path(name, namespace))
+    def get(self, res: Resource, name: str, namespace: str | None = None, timeout: float | None = None) -> dict:
+        return self.request("GET", res.path(name, namespace), timeout=timeout)
 
     def list(self, res: Resource, namespace: str | None = None, **query) -> dict:
         return self.request("GET", res.path(None, namespace), query=query)
 
-    def create(self, res: Resource, body: dict, namespace: str | None = None) -> dict:
-        return self.request("POST", res.path(None, namespace), body=body)
+    def create(self, res: Resource, body: dict, namespace: str | None = None, timeout: float | None = None) -> dict:
+        return self.request("POST", res.path(None, namespace), body=body, timeout=timeout)
 
-    def replace(self, res: Resource, name: str, body: dict, namespace: str | None = None) -> dict:
-        return self.request("PUT", res.path(name, namespace), body=body)
+    def replace(self, res: Resource, name: str, body: dict, namespace: str | None = None,
+                timeout: float | None = None) -> dict:
+        return self.request("PUT", res.path(name, namespace), body=body, timeout=timeout)
 
-    def delete(self, res: Resource, name: str, namespace: str | None = None, uid: str | None = None) -> dict:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
-        return self.request("DELETE", res.path(name, namespace), body=body)
+    def delete(self, res: Resource, name: str, namespace: str | None = None, uid: str | None = None,
+               resource_version: str | None = None, timeout: float | None = None) -> dict:
+        """With ``uid``/``resource_version`` the server deletes only that exact object (409 otherwise)."""
+        pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre} if pre else None
+        return self.request("DELETE", res.path(name, namespace), body=body, timeout=timeout)
 
-    def json_patch(self, res: Resource, name: str, ops: list[dict], sub: str | None = None) -> dict:
-        return self.request("PATCH", res.path(name, None, sub), body=ops, content_type=JSON_PATCH)
+    def json_patch(self, res: Resource, name: str, ops: list[dict], sub: str | None = None,
+                   timeout: float | None = None) -> dict:
+        return self.request("PATCH", res.path(name, None, sub), body=ops, content_type=JSON_PATCH, timeout=timeout)
 
     def merge_patch(self, res: Resource, name: str, body: dict, sub: str | None = None,
                     namespace: str | None = None) -> dict:

@@ -9,7 +9,10 @@ nothing again). Before a decision nothing needs persisting: launched/registered 
 NodeClaim's own conditions and warm from the Node's condition, so a restarted controller re-derives
 them from the cluster. The ``replace`` decision needs no record: the NodeClaim's deletionTimestamp is it.
 
-Views keep only the fields the controller reads, so the informer caches of a 1000-node cluster stay small.
+Views keep only the fields the controller reads (a realistic Node is ~30 KB of JSON, mostly its image
+list; its view is a few hundred bytes), so the informer caches of a 5,000-node cluster stay small.
+``resource_version`` rides along for guarded writes but is left out of equality: a change the
+controller does not read (a heartbeat, someone's label) must not look like a change.
 """
 
 from __future__ import annotations
@@ -93,11 +96,11 @@ class ClaimView:
     deleting: bool
     launched: float | None          # Launched=True lastTransitionTime
     registered: float | None        # Registered=True lastTransitionTime
-    startup_taint_keys: tuple[str, ...]
+    resource_version: str = field(default="", compare=False)
 
     @classmethod
     def from_obj(cls, o: dict) -> "ClaimView":
-        md, spec, status = o["metadata"], o.get("spec") or {}, o.get("status") or {}
+        md, status = o["metadata"], o.get("status") or {}
 
         def true_at(t: str) -> float | None:
             c = _condition(o, t)
@@ -107,7 +110,7 @@ class ClaimView:
             name=md["name"], uid=md.get("uid", ""), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             provider_id=status.get("providerID", ""), created=parse_time(md.get("creationTimestamp")) or 0.0,
             deleting=bool(md.get("deletionTimestamp")), launched=true_at("Launched"), registered=true_at("Registered"),
-            startup_taint_keys=tuple(t.get("key", "") for t in spec.get("startupTaints") or ()),
+            resource_version=md.get("resourceVersion", ""),
         )
 
 
@@ -118,11 +121,13 @@ class NodeView:
     provider_id: str
     created: float
     deleting: bool
-    labels: dict[str, str]
+    any_labels: bool                # whether metadata.labels exists (JSON-patch paths need it); never read
+    nodepool: str                   # karpenter.sh/nodepool: a deleted profile lifts its taint from its pool's nodes
     annotations: dict[str, str]     # only nodewarm.io/* (the rest is not ours to read)
     any_annotations: bool           # whether metadata.annotations exists at all (JSON-patch paths need it)
     taints: tuple[dict, ...]        # exactly as stored: the guarded patch tests them byte for byte
     warm: Condition | None
+    resource_version: str = field(default="", compare=False)
 
     @classmethod
     def from_obj(cls, o: dict) -> "NodeView":
@@ -131,8 +136,10 @@ class NodeView:
         return cls(
             name=md["name"], uid=md.get("uid", ""), provider_id=spec.get("providerID", ""),
             created=parse_time(md.get("creationTimestamp")) or 0.0, deleting=bool(md.get("deletionTimestamp")),
-            labels=dict(md.get("labels") or {}), annotations=ann, any_annotations=bool(md.get("annotations")), taints=tuple(spec.get("taints") or ()),
-            warm=_condition(o, WARM_CONDITION),
+            any_labels=bool(md.get("labels")), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
+            annotations=ann, any_annotations=bool(md.get("annotations")),
+            taints=tuple(spec.get("taints") or ()), warm=_condition(o, WARM_CONDITION),
+            resource_version=md.get("resourceVersion", ""),
         )
 
     def has_taint(self, key: str) -> bool:
@@ -158,7 +165,7 @@ class WarmState:
 
     profile: str
     node_claim: str
-    decision: str                   # Untainted | DeadlineUntaint | DeadlineKeep
+    decision: str                   # Untainted | DeadlineUntaint | DeadlineKeep (a late Warm still lifts it)
     launched: str | None = None
     registered: str | None = None
     warm: str | None = None

@@ -6,6 +6,11 @@ One small reconciler per phase, Karpenter-style, each returning one condition wi
   gate      -> Untainted    (the Node's nodewarm.io/Warm=True: remove the readiness taint, label the node)
   deadline  -> WarmDeadline (readiness.deadline passed without Warm: untaint cold, replace, or keep)
 
+Deadline plans carry ``deadline``: the shell re-reads the objects live and plans again before acting
+on them (the cache may be a moment behind a node that has just turned Warm), and writes with the
+live objects' uid/resourceVersion as preconditions. ``replace_gate`` is the per-NodePool replace
+budget with exponential backoff; replacing is never tried for failures a new node would repeat.
+
 ``plan_claim`` runs them in order and folds their results into one ``Plan``; the shell executes it
 with a single guarded write, so every decision is one atomic step (see model.py for why the record
 lives on the Node).
@@ -25,6 +30,11 @@ from .model import (
 # What the node agent reports at warm time (restored | cold) and what verify-hit reports once serving
 # started (hit | miss); anything else is counted as "unknown" so an odd annotation cannot mint series.
 CACHE_OUTCOMES = ("restored", "cold", "hit", "miss")
+
+# Warm=False reasons a replacement node would hit again (instance type, sizes, IAM, the model source):
+# replacing would only burn instances, so onDeadline=replace keeps the node and says why instead.
+UNFIXABLE_REASONS = frozenset({"NotInstanceStore", "InsufficientNVMe", "InvalidModelSource", "S3AccessDenied",
+                               "S3ObjectMissing", "InvalidProfile", "InvalidArgument"})
 
 UNTAINT = "untaint"
 DELETE_CLAIM = "delete_claim"
@@ -52,6 +62,7 @@ class Plan:
     durations: tuple[tuple[str, float], ...] = ()   # (phase, seconds) to observe once the write succeeds
     counters: tuple[tuple[str, str], ...] = ()      # (metric, label)
     requeue_after: float | None = None
+    deadline: str = ""                        # the onDeadline action this plan carries out, if any
 
 
 def model_label(p: WarmProfile) -> str:
@@ -89,6 +100,15 @@ def guarded_taint_removal(node: NodeView, taint_key: str) -> list[dict]:
     return ops
 
 
+def identity_guard(node: NodeView, with_version: bool) -> list[dict]:
+    """``test`` ops that make the patch fail unless it meets the very Node we planned for: same uid (not a
+    re-created namesake) and, for deadline actions planned on a live read, the same resourceVersion."""
+    ops = [{"op": "test", "path": "/metadata/uid", "value": node.uid}] if node.uid else []
+    if with_version and node.resource_version:
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": node.resource_version})
+    return ops
+
+
 def _set_map_ops(present: bool, root: str, values: dict[str, str]) -> list[dict]:
     """JSON-patch ``add`` for map entries; a missing map must be added whole (a pointer into it fails)."""
     if not present:
@@ -97,7 +117,7 @@ def _set_map_ops(present: bool, root: str, values: dict[str, str]) -> list[dict]
 
 
 def _label_ops(node: NodeView, values: dict[str, str]) -> list[dict]:
-    return _set_map_ops(bool(node.labels), "/metadata/labels", values)
+    return _set_map_ops(node.any_labels, "/metadata/labels", values)
 
 
 def _state_ops(node: NodeView, state: WarmState) -> list[dict]:
@@ -145,6 +165,43 @@ def deadline(p: WarmProfile, start: float, now: float) -> Condition:
                      f"not Warm {p.readiness.deadline} after registration; onDeadline={p.readiness.on_deadline}")
 
 
+@dataclass(frozen=True)
+class ReplacePolicy:
+    """At most ``budget`` replacements per NodePool in any ``window_s``; after the k-th, the next waits
+    ``backoff_base_s * 2**(k-1)`` (capped). A pool whose nodes keep failing stops costing instances."""
+
+    budget: int = 3
+    window_s: float = 3600.0
+    backoff_base_s: float = 60.0
+    backoff_max_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class ReplaceGate:
+    allowed: bool
+    until: float | None             # when the next replacement may go, if not now
+    condition: Condition            # ReplacementsPaused, for the WarmProfile's status
+
+
+def replace_gate(pool: str, recent: tuple[float, ...], now: float, policy: ReplacePolicy) -> ReplaceGate:
+    within = sorted(t for t in recent if now - t < policy.window_s)
+    if len(within) >= policy.budget:
+        until = (within[-policy.budget] if policy.budget > 0 else now) + policy.window_s
+        return ReplaceGate(False, until, Condition(
+            "ReplacementsPaused", "True", "BudgetExhausted",
+            f"NodePool {pool}: {len(within)} nodes replaced for missing the warm deadline in the last "
+            f"{policy.window_s:.0f}s (budget {policy.budget}); nodes past the deadline keep the readiness taint "
+            f"until {fmt_time(until)}. Check why nodes do not turn Warm (the Nodes' nodewarm.io/Warm condition)"))
+    closed = Condition("ReplacementsPaused", "False", "WithinBudget",
+                       f"NodePool {pool}: {len(within)} of {policy.budget} replacements used in the last "
+                       f"{policy.window_s:.0f}s")
+    if within:
+        wait = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (len(within) - 1))
+        if now < within[-1] + wait:
+            return ReplaceGate(False, within[-1] + wait, closed)
+    return ReplaceGate(True, None, closed)
+
+
 def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, now: float) -> Plan:
     if p is None or claim.deleting:
         return Plan(claim.name)
@@ -152,9 +209,12 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     if node is None or node.deleting:
         return Plan(claim.name, conditions=(tracked,))
     key = p.readiness.taint_key
-    if node.state is not None or not node.has_taint(key):
+    state = node.state
+    kept = state is not None and state.decision == "DeadlineKeep"
+    if (state is not None and not kept) or not node.has_taint(key):
         # Decided earlier (record present) or the taint is gone (someone else lifted it): nothing to do,
-        # and in particular no second event or metric after a restart.
+        # and in particular no second event or metric after a restart. Only "keep" waits on: a node that
+        # turns Warm after its deadline is still untainted.
         return Plan(claim.name, conditions=(tracked,))
 
     gated = gate(p, node)
@@ -176,13 +236,16 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
         state = record("Untainted", conds)
         labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: cache,
                   LABEL_WARM: "true"}
-        ops = guarded_taint_removal(node, key) + _label_ops(node, labels) + _state_ops(node, state)
+        ops = (identity_guard(node, False) + guarded_taint_removal(node, key) + _label_ops(node, labels)
+               + _state_ops(node, state))
         why = node.annotations.get(CACHE_REASON_ANNOTATION, "")
         msg = (f"removed {key}: node Warm ({node.warm.reason}); model {model_label(p)}, compile cache {cache}"
-               + (f" ({why})" if why else ""))
+               + (f" ({why})" if why else "") + ("; after its deadline (onDeadline=keep)" if kept else ""))
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
                     (node_ev("Untainted", msg), claim_ev("Untainted", f"node {node.name}: {msg}")),
                     _durations(times, now), (("taints_removed", ""), ("compile_cache", cache)))
+    if kept:
+        return Plan(claim.name, conditions=(tracked, gated))   # the node's next change brings it back
 
     start = claim.registered or node.created
     dl = deadline(p, start, now)
@@ -192,23 +255,32 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
 
     action = p.readiness.on_deadline
     base = f"not Warm after {p.readiness.deadline} (last: {gated.reason}: {gated.message})"
-    if action == "replace":
+    if action == "replace" and gated.reason not in UNFIXABLE_REASONS:
         msg = f"{base}; deleting NodeClaim {claim.name} so Karpenter launches a replacement"
         return Plan(claim.name, DELETE_CLAIM, conds, (),
                     (node_ev("WarmDeadlineReplace", msg, "Warning"), claim_ev("WarmDeadlineReplace", msg, "Warning")),
-                    (), (("deadline", "replace"),))
+                    (), (("deadline", "replace"),), deadline="replace")
     if action == "untaint":
         state = record("DeadlineUntaint", conds)
         labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: "cold",
                   LABEL_WARM: "cold"}
-        ops = guarded_taint_removal(node, key) + _label_ops(node, labels) + _state_ops(node, state)
+        ops = (identity_guard(node, True) + guarded_taint_removal(node, key) + _label_ops(node, labels)
+               + _state_ops(node, state))
         msg = f"{base}; removed {key} anyway, node labelled {LABEL_WARM}=cold (pods will load the model cold)"
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
                     (node_ev("WarmDeadlineUntaint", msg, "Warning"), claim_ev("WarmDeadlineUntaint", msg, "Warning")),
-                    (), (("deadline", "untaint"),))
+                    (), (("deadline", "untaint"),), deadline="untaint")
     state = record("DeadlineKeep", conds)
-    ops = _state_ops(node, state)
-    msg = f"{base}; keeping {key} (onDeadline=keep): the node stays unschedulable until someone acts"
+    ops = identity_guard(node, True) + _state_ops(node, state)
+    if action == "replace":
+        msg = (f"{base}; not replacing NodeClaim {claim.name}: a new node would fail the same way "
+               f"({gated.reason}). Keeping {key}; fix the cause (profile, instance types, IAM or model source)")
+        return Plan(claim.name, RECORD, conds, tuple(ops),
+                    (node_ev("WarmDeadlineNotReplaced", msg, "Warning"),
+                     claim_ev("WarmDeadlineNotReplaced", msg, "Warning")),
+                    (), (("deadline", "not_replaced"),), deadline="not_replaced")
+    msg = (f"{base}; keeping {key} (onDeadline=keep): the node stays unschedulable until it turns Warm or "
+           "someone acts")
     return Plan(claim.name, RECORD, conds, tuple(ops),
                 (node_ev("WarmDeadlineKeep", msg, "Warning"), claim_ev("WarmDeadlineKeep", msg, "Warning")),
-                (), (("deadline", "keep"),))
+                (), (("deadline", "keep"),), deadline="keep")

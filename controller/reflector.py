@@ -1,12 +1,17 @@
 """List + watch one resource into a local cache, client-go reflector style.
 
-* list, then watch from the list's resourceVersion (with bookmarks, so the resume point stays fresh);
+* list in pages (``limit``/``continue``, one consistent snapshot), then watch from the list's
+  resourceVersion (with bookmarks, so the resume point stays fresh). A page of 250 realistic Nodes
+  (~30 KB each, mostly their image lists) is ~7 MB of JSON; one unpaginated list of 5,000 was ~150 MB
+  of JSON and several times that parsed, all alive at once;
+* each object is projected (``view_fn``) as it arrives and the raw dict dropped: the store and the
+  handlers only ever see the trimmed views;
+* an expired ``continue`` token (410 mid-list) restarts the list;
 * a dropped or timed-out watch resumes from the last resourceVersion seen — no re-list, no lost event;
 * 410 Gone (the resume point fell out of the server's watch window) re-lists, and objects that vanished
   in between are reported as deleted, so handlers see every deletion;
 * a resource the cluster does not serve (404: e.g. no Auto Mode NodeClass CRD) counts as synced and
   empty, and is retried slowly.
-Handlers get trimmed views (``view_fn``), never the raw objects, to keep memory flat.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ Handler = Callable[[str, Any, Any], None]     # (event type, old view | None, ne
 
 class Reflector:
     def __init__(self, kube: Kube, res: Resource, view_fn: Callable[[dict], Any], handler: Handler,
-                 watch_timeout_s: int = 300, absent_retry_s: float = 30.0):
+                 watch_timeout_s: int = 300, absent_retry_s: float = 30.0, page_size: int = 250):
         self.kube, self.res, self.view_fn, self.handler = kube, res, view_fn, handler
+        self.page_size = page_size
+        self.pages = 0              # list requests sent, all pages of all (re)lists
         self.watch_timeout_s, self.absent_retry_s = watch_timeout_s, absent_retry_s
         self.store: dict[str, Any] = {}
         self.synced = threading.Event()
@@ -99,18 +106,35 @@ class Reflector:
         self.synced.set()
 
     def _list(self) -> None:
-        doc = self.kube.list(self.res)
+        seen: set[str] = set()
+        token, rv = None, ""
+        while True:
+            try:
+                doc = self.kube.list(self.res, limit=self.page_size, **{"continue": token})
+            except ApiException as e:
+                if e.status == 410 and token:
+                    # The snapshot behind the continue token was compacted: start the list over.
+                    self.log.info("list.restarted", resource=self.res.plural)
+                    seen.clear()
+                    token = None
+                    continue
+                raise
+            self.pages += 1
+            for obj in doc.pop("items", None) or ():
+                name = obj["metadata"]["name"]
+                seen.add(name)
+                self._apply("MODIFIED" if name in self.store else "ADDED", obj)
+            meta = doc.get("metadata") or {}
+            rv = meta.get("resourceVersion", rv)
+            token = meta.get("continue")
+            if not token:
+                break
         self.lists += 1
         self.served = True
-        seen = set()
-        for obj in doc.get("items") or ():
-            name = obj["metadata"]["name"]
-            seen.add(name)
-            self._apply("MODIFIED" if name in self.store else "ADDED", obj)
         for name in [n for n in self.store if n not in seen]:
             old = self.store.pop(name)
             self.handler("DELETED", old, None)
-        self.resource_version = doc["metadata"].get("resourceVersion", "")
+        self.resource_version = rv
         self.synced.set()
 
     def _apply(self, kind: str, obj: dict) -> None:

@@ -3,7 +3,8 @@
 The API server we test against (v1.20) prunes unknown fields silently and ignores CEL, so "the server
 accepted it" does not prove a manifest is right. This converts a CRD's structural schema to JSON Schema
 and checks like ``kubectl --validate=strict``: unknown fields are errors unless the schema says
-``x-kubernetes-preserve-unknown-fields``. CEL rules (x-kubernetes-validations) are NOT checked.
+``x-kubernetes-preserve-unknown-fields``. CEL rules (x-kubernetes-validations) are NOT checked. A document
+no loaded CRD describes fails, unless its API group is one the API server serves itself.
 """
 
 from __future__ import annotations
@@ -86,8 +87,12 @@ def load_crd(doc: dict, version: str | None = None) -> CrdSchema:
 
 
 def load_dir(paths: list[Path]) -> dict[tuple[str, str], CrdSchema]:
-    """(apiVersion, kind) -> schema, for every CRD in the given files."""
-    out = {}
+    """(apiVersion, kind) -> schema, for every CRD in the given files, plus nodewarm's own WarmProfile
+    CRD (render emits WarmProfile documents; fail-closed validation must know their schema)."""
+    from nodewarm.schema import crd as warmprofile_crd
+
+    own = load_crd(warmprofile_crd())
+    out = {(own.api_version, own.kind): own}
     for p in paths:
         for doc in yaml.safe_load_all(Path(p).read_text()):
             if doc and doc.get("kind") == "CustomResourceDefinition":
@@ -96,14 +101,39 @@ def load_dir(paths: list[Path]) -> dict[tuple[str, str], CrdSchema]:
     return out
 
 
+# API groups the API server itself serves (core is ""): no CRD describes them, the server validates them.
+BUILTIN_GROUPS = frozenset({
+    "", "admissionregistration.k8s.io", "apiextensions.k8s.io", "apps", "autoscaling", "batch",
+    "certificates.k8s.io", "coordination.k8s.io", "discovery.k8s.io", "events.k8s.io", "networking.k8s.io",
+    "node.k8s.io", "policy", "rbac.authorization.k8s.io", "scheduling.k8s.io", "storage.k8s.io",
+})
+
+
+def _group(api_version: str) -> str:
+    return api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+
+
 def validate(docs: list[dict], crds: dict[tuple[str, str], CrdSchema]) -> dict[str, list[str]]:
-    """Errors per ``Kind/name`` for every document whose (apiVersion, kind) has a CRD; others are skipped."""
+    """Errors per ``Kind/name``. Fails closed: a document of a non-built-in API group that no loaded CRD
+    describes (a typo'd or old apiVersion, a kind from a CRD file that was not passed) is an error, not
+    a silent pass; built-in kinds (Deployment, Role, ...) are the API server's to validate."""
     report = {}
     for d in docs:
-        c = crds.get((d.get("apiVersion"), d.get("kind")))
+        api_version, kind = d.get("apiVersion") or "", d.get("kind") or ""
+        name = f"{kind or '<no kind>'}/{(d.get('metadata') or {}).get('name')}"
+        if not api_version or not kind:
+            report[name] = [".apiVersion/.kind: both are required to know which schema applies"]
+            continue
+        c = crds.get((api_version, kind))
         if c is None:
+            if _group(api_version) in BUILTIN_GROUPS:
+                continue
+            same_group = sorted(f"{v} {k}" for v, k in crds if _group(v) == _group(api_version))
+            hint = (f"the loaded CRDs of {_group(api_version)} serve: {', '.join(same_group)}" if same_group
+                    else f"no loaded CRD has group {_group(api_version)}; pass its CRD file")
+            report[name] = [f".apiVersion/.kind: no CRD schema for {api_version} {kind} ({hint})"]
             continue
         errs = c.errors(d)
         if errs:
-            report[f"{d['kind']}/{(d.get('metadata') or {}).get('name')}"] = errs
+            report[name] = errs
     return report

@@ -232,8 +232,23 @@ def check_aws(p: WarmProfile) -> None:
                            "read instance metadata: set the buckets' region")
 
 
+MIN_DEADLINE_S = 60
+
+
+def _check_deadline(doc: Any) -> None:
+    """The schema's pattern also refuses < 1m, but this says why (checked first, for the clearer message)."""
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    r = spec.get("readiness") if isinstance(spec, dict) else None
+    d = r.get("deadline") if isinstance(r, dict) else None
+    if isinstance(d, str) and d[:-1].isdigit() and d[-1:] in ("s", "m", "h") and sizing.parse_duration_s(d) < MIN_DEADLINE_S:
+        raise ProfileError("spec.readiness.deadline", d, "must be at least 1m (e.g. 20m): a node needs that long to "
+                           "register and pull its weights; a shorter deadline would act on every node before it "
+                           "could turn Warm")
+
+
 def from_dict(doc: dict) -> WarmProfile:
     """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
+    _check_deadline(doc)
     validate_document(doc)
     s = doc["spec"]
     m, sv, n, cc = s["model"], s["serving"], s["nodes"], s["compileCache"]

@@ -8,16 +8,26 @@ scale-up exactly as shared/reference/karpenter-semantics.md §c describes, and n
 
 Steps, each callable on its own so tests can stop between them:
 1. ``create_nodeclaim``: spec copied from the NodePool template (nodeClassRef, requirements, taints,
-   startupTaints), labels karpenter.sh/nodepool + the template's labels.
-2. ``launch``: status.providerID and Launched=True (status subresource).
+   startupTaints), labels karpenter.sh/nodepool + the template's labels, finalizer
+   karpenter.sh/termination, and the drift hashes of its NodePool and EC2NodeClass as annotations
+   (``sync_hashes`` writes them onto those first, as Karpenter's hash controllers do).
+2. ``launch``: status.providerID, Launched=True, and Registered/Initialized Unknown (Karpenter's
+   status conditions start Unknown; nothing sets them False on the way up).
 3. ``register_node``: the kubelet creates the Node carrying providerID, labels, NodeClaim taints +
    startupTaints + karpenter.sh/unregistered:NoExecute (AL2023 registerWithTaints); the API server's
    admission adds node.kubernetes.io/not-ready:NoSchedule itself.
 4. ``kubelet_ready``: Ready=True and the not-ready taint removed (the node lifecycle controller's job).
 5. ``mark_registered``: Karpenter links the Node *by providerID only*, removes karpenter.sh/unregistered,
-   labels karpenter.sh/registered=true, sets status.nodeName and Registered=True.
+   labels karpenter.sh/registered=true, adds the karpenter.sh/termination finalizer and an owner
+   reference to the NodeClaim, sets status.nodeName and Registered=True.
 6. ``sync_initialized``: Initialized=True + label karpenter.sh/initialized=true only when the Node is
-   Ready and none of the NodeClaim's startupTaints nor the known-ephemeral taints remain.
+   Ready and none of the NodeClaim's startupTaints nor the known-ephemeral taints remain; until then
+   Initialized stays Unknown with the blocking reason (NodeNotReady, StartupTaintsExist, ...).
+Deleting is Karpenter's too: a NodeClaim or Node with the finalizer only gets a deletionTimestamp;
+``finish_termination`` plays the termination controller (Node gone, then the finalizers released).
+``drifted`` compares a NodeClaim's hashes with its NodePool's and NodeClass's current ones: the
+hashes come from nodewarm.nodeclasses.drift (the fields Karpenter hashes, cited there; Karpenter itself uses
+hashstructure, so only equality matters).
 """
 
 from __future__ import annotations
@@ -30,22 +40,37 @@ from datetime import datetime, timezone
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes
-from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, Kube
+from nodewarm.nodeclasses import drift
+from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, Kube
 
 UNREGISTERED = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
 EPHEMERAL_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
                         "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered")
 EPHEMERAL_TAINT_PREFIX = "readiness.k8s.io/"
+TERMINATION_FINALIZER = "karpenter.sh/termination"
+NODEPOOL_HASH, NODEPOOL_HASH_VERSION = "karpenter.sh/nodepool-hash", "karpenter.sh/nodepool-hash-version"
+NODECLASS_HASH = "karpenter.k8s.aws/ec2nodeclass-hash"
+NODECLASS_HASH_VERSION = "karpenter.k8s.aws/ec2nodeclass-hash-version"
+HASH_VERSIONS = {NODEPOOL_HASH_VERSION: "v3", NODECLASS_HASH_VERSION: "v4"}
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def nodepool_hash(np: dict) -> str:
+    # The fields Karpenter hashes, from the one place that knows them (the injector's "would drift" uses it too).
+    return drift.static_hash(np)
 
 
-def _cond(ctype: str, status: str, reason: str, message: str = "", generation: int = 1) -> dict:
+def nodeclass_hash(nc: dict) -> str:
+    return drift.static_hash(nc)
+
+
+def _now(ago_s: float = 0.0) -> str:
+    return datetime.fromtimestamp(time.time() - ago_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cond(ctype: str, status: str, reason: str, message: str = "", generation: int = 1, ago_s: float = 0.0) -> dict:
     # Never an empty message: this v1.20 API server turns "" into null and then rejects it (type string).
     return {"type": ctype, "status": status, "reason": reason, "message": message or reason,
-            "lastTransitionTime": _now(), "observedGeneration": generation}
+            "lastTransitionTime": _now(ago_s), "observedGeneration": generation}
 
 
 def _set_condition(conds: list[dict], new: dict) -> list[dict]:
@@ -68,8 +93,41 @@ class KarpenterSim:
         self.kube = Kube(api_client)
         self.zone, self.default_instance_type = zone, default_instance_type
 
+    # 0 -------------------------------------------------------------------------------------------------
+    def sync_hashes(self, nodepool: str) -> dict[str, str]:
+        """Karpenter's hash controllers: annotate the NodePool and its EC2NodeClass with their drift hashes."""
+        np = self.kube.get(NODEPOOLS, nodepool)
+        out = {NODEPOOL_HASH: nodepool_hash(np), NODEPOOL_HASH_VERSION: HASH_VERSIONS[NODEPOOL_HASH_VERSION]}
+        self._annotate(NODEPOOLS, np, out)
+        ref = np["spec"]["template"]["spec"]["nodeClassRef"]
+        if ref.get("kind") == "EC2NodeClass":
+            nc = self.kube.get(EC2NODECLASSES, ref["name"])
+            mine = {NODECLASS_HASH: nodeclass_hash(nc), NODECLASS_HASH_VERSION: HASH_VERSIONS[NODECLASS_HASH_VERSION]}
+            self._annotate(EC2NODECLASSES, nc, mine)
+            out.update(mine)
+        return out
+
+    def _annotate(self, res, obj: dict, values: dict[str, str]) -> None:
+        have = obj["metadata"].get("annotations") or {}
+        if any(have.get(k) != v for k, v in values.items()):
+            self.kube.merge_patch(res, obj["metadata"]["name"], {"metadata": {"annotations": values}})
+
+    def drifted(self, claim: str) -> str | None:
+        """NodePoolDrifted / NodeClassDrifted when the NodeClaim's hashes no longer match; else None."""
+        c = self.kube.get(NODECLAIMS, claim)
+        ann = c["metadata"].get("annotations") or {}
+        np = self.kube.get(NODEPOOLS, c["metadata"]["labels"]["karpenter.sh/nodepool"])
+        if ann.get(NODEPOOL_HASH) != nodepool_hash(np):
+            return "NodePoolDrifted"
+        ref = c["spec"]["nodeClassRef"]
+        if ref.get("kind") == "EC2NodeClass" and ann.get(NODECLASS_HASH) != nodeclass_hash(
+                self.kube.get(EC2NODECLASSES, ref["name"])):
+            return "NodeClassDrifted"
+        return None
+
     # 1 -------------------------------------------------------------------------------------------------
     def create_nodeclaim(self, nodepool: str, name: str | None = None, instance_type: str | None = None) -> dict:
+        hashes = self.sync_hashes(nodepool)
         np = self.kube.get(NODEPOOLS, nodepool)
         tmpl = np["spec"]["template"]
         ts = tmpl.get("spec") or {}
@@ -86,7 +144,8 @@ class KarpenterSim:
                 spec[k] = ts[k]
         body = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
                 "metadata": {"name": name or f"{nodepool}-{secrets.token_hex(3)}", "labels": labels,
-                             "annotations": {**((tmpl.get("metadata") or {}).get("annotations") or {})},
+                             "annotations": {**((tmpl.get("metadata") or {}).get("annotations") or {}), **hashes},
+                             "finalizers": [TERMINATION_FINALIZER],
                              "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
                                                   "name": nodepool, "uid": np["metadata"]["uid"],
                                                   "blockOwnerDeletion": True}]},
@@ -101,7 +160,11 @@ class KarpenterSim:
         status.update({"providerID": f"aws:///{self.zone}/{iid}", "imageID": "ami-0123456789abcdef0",
                        "capacity": {"cpu": "192", "memory": "2048Gi", "nvidia.com/gpu": "8"},
                        "allocatable": {"cpu": "191", "memory": "2000Gi", "nvidia.com/gpu": "8"}})
-        status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Launched", "True", "Launched"))
+        conds = status.get("conditions") or []
+        for t in ("Registered", "Initialized"):
+            if not any(c["type"] == t for c in conds):
+                conds = _set_condition(conds, _cond(t, "Unknown", "AwaitingReconciliation", "object is awaiting reconciliation"))
+        status["conditions"] = _set_condition(conds, _cond("Launched", "True", "Launched"))
         return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
 
     # 3 -------------------------------------------------------------------------------------------------
@@ -134,16 +197,23 @@ class KarpenterSim:
         return self._remove_taints(node, lambda t: t.get("key") == "node.kubernetes.io/not-ready")
 
     # 5 -------------------------------------------------------------------------------------------------
-    def mark_registered(self, claim: str) -> dict:
+    def mark_registered(self, claim: str, ago_s: float = 0.0) -> dict:
+        """``ago_s`` dates Registered back: deadline tests (deadlines are >= 1m) need not wait a minute."""
         c = self.kube.get(NODECLAIMS, claim)
         node = self.find_node(c["status"]["providerID"])
         if node is None:
             raise LookupError(f"NodeNotFound: no Node has providerID {c['status']['providerID']}")
         self._remove_taints(node["metadata"]["name"], lambda t: t.get("key") == UNREGISTERED["key"],
                             add_labels={"karpenter.sh/registered": "true"})
+        owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": claim, "uid": c["metadata"]["uid"],
+                 "blockOwnerDeletion": True}
+        self.kube.merge_patch(NODES, node["metadata"]["name"], {"metadata": {
+            "finalizers": sorted({*(node["metadata"].get("finalizers") or ()), TERMINATION_FINALIZER}),
+            "ownerReferences": [owner]}})
         status = c["status"]
         status["nodeName"] = node["metadata"]["name"]
-        status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Registered", "True", "Registered"))
+        status["conditions"] = _set_condition(status.get("conditions") or [],
+                                              _cond("Registered", "True", "Registered", ago_s=ago_s))
         return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
 
     # 6 -------------------------------------------------------------------------------------------------
@@ -159,9 +229,14 @@ class KarpenterSim:
         ready = any(x["type"] == "Ready" and x["status"] == "True" for x in (node.get("status") or {}).get("conditions") or ())
         status = c["status"]
         if not ready or blocked:
-            reason = "StartupTaintsExist" if blocked else "NodeNotReady"
-            status["conditions"] = _set_condition(status.get("conditions") or [],
-                                                  _cond("Initialized", "False", reason, f"taints {blocked}" if blocked else ""))
+            if not ready:
+                reason, msg = "NodeNotReady", "Node status is NotReady"
+            elif blocked[0] in startup:
+                reason, msg = "StartupTaintsExist", f"StartupTaint {blocked[0]!r} still exists"
+            else:
+                reason, msg = "KnownEphemeralTaintsExist", f"KnownEphemeralTaint {blocked[0]!r} still exists"
+            # Unknown, not False: Karpenter never sets Initialized=False on the way up.
+            status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Initialized", "Unknown", reason, msg))
             self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
             return False
         self.kube.merge_patch(NODES, node["metadata"]["name"], {"metadata": {"labels": {"karpenter.sh/initialized": "true"}}})
@@ -171,14 +246,14 @@ class KarpenterSim:
 
     # -- conveniences ----------------------------------------------------------------------------------
     def scale_up(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
-                 claim_name: str | None = None) -> SimNode:
+                 claim_name: str | None = None, registered_ago_s: float = 0.0) -> SimNode:
         """Steps 1-5: a node that is registered and Ready, still carrying its startup taints."""
         c = self.create_nodeclaim(nodepool, claim_name, instance_type)
         name = c["metadata"]["name"]
         launched = self.launch(name)
         node = self.register_node(name, node_name)
         self.kubelet_ready(node["metadata"]["name"])
-        self.mark_registered(name)
+        self.mark_registered(name, registered_ago_s)
         return SimNode(name, node["metadata"]["name"], launched["status"]["providerID"],
                        c["metadata"]["labels"]["node.kubernetes.io/instance-type"])
 
@@ -192,6 +267,8 @@ class KarpenterSim:
         return nodes[0] if nodes else None
 
     def delete_nodeclaim(self, claim: str) -> None:
+        """Ask for deletion: with the finalizer the NodeClaim stays, deletionTimestamp set, until
+        ``finish_termination``."""
         try:
             self.kube.delete(NODECLAIMS, claim)
         except ApiException as e:
@@ -199,11 +276,50 @@ class KarpenterSim:
                 raise
 
     def delete_node(self, node: str) -> None:
+        """Someone deletes a Node: Karpenter terminates its NodeClaim and the instance, then both go."""
         try:
-            self.kube.delete(NODES, node)
+            n = self.kube.get(NODES, node)
         except ApiException as e:
             if e.status != 404:
                 raise
+            return
+        claim = self._claim_for((n.get("spec") or {}).get("providerID", ""))
+        if claim:
+            self.delete_nodeclaim(claim)
+            self.finish_termination(claim)
+        else:
+            self._delete_and_release(NODES, node)
+
+    def finish_termination(self, claim: str) -> None:
+        """The termination controller for a NodeClaim being deleted: its Node goes, then the NodeClaim."""
+        try:
+            c = self.kube.get(NODECLAIMS, claim)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return
+        node = self.find_node((c.get("status") or {}).get("providerID", ""))
+        if node is not None:
+            self._delete_and_release(NODES, node["metadata"]["name"])
+        self._delete_and_release(NODECLAIMS, claim)
+
+    def _delete_and_release(self, res, name: str) -> None:
+        for step in (lambda: self.kube.delete(res, name),
+                     lambda: self.kube.merge_patch(res, name, {"metadata": {"finalizers": None}})):
+            try:
+                step()
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                return
+
+    def _claim_for(self, provider_id: str) -> str | None:
+        if not provider_id:
+            return None
+        for c in self.kube.list(NODECLAIMS)["items"]:
+            if (c.get("status") or {}).get("providerID") == provider_id:
+                return c["metadata"]["name"]
+        return None
 
     def _remove_taints(self, node: str, match, add_labels: dict | None = None, tries: int = 5) -> dict:
         """Guarded JSON patch (test-then-remove), like any careful controller: others' taints survive."""

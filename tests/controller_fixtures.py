@@ -121,10 +121,10 @@ class Installed:
     def cleanup(self) -> None:
         for c in self.k.list(NODECLAIMS)["items"]:
             if c["metadata"].get("labels", {}).get("karpenter.sh/nodepool") == self.pool:
-                _delete(self.k, NODECLAIMS, c["metadata"]["name"])
+                _delete(self.k, NODECLAIMS, c["metadata"]["name"], finalized=True)
         for n in self.k.list(NODES)["items"]:
             if n["metadata"].get("labels", {}).get("karpenter.sh/nodepool") == self.pool:
-                _delete(self.k, NODES, n["metadata"]["name"])
+                _delete(self.k, NODES, n["metadata"]["name"], finalized=True)
         if self.profile_object is not None:
             # No controller may be running any more to honour its finalizer.
             try:
@@ -137,9 +137,12 @@ class Installed:
         _delete(self.k, self.nc_res, self.node_class)
 
 
-def _delete(k: Kube, res, name: str) -> None:
+def _delete(k: Kube, res, name: str, finalized: bool = False) -> None:
+    """Delete; with ``finalized`` also drop the finalizers (the stand-in's Karpenter is not running)."""
     try:
         k.delete(res, name)
+        if finalized:
+            k.merge_patch(res, name, {"metadata": {"finalizers": None}})
     except ApiException as e:
         if e.status != 404:
             raise
@@ -186,7 +189,11 @@ class FaultProxy:
       (a connection reset mid-stream, as when an API server restarts or an LB idles out);
     * ``gone_watch(path_part)``: the next watch on a matching path gets the API server's real answer to a
       compacted resourceVersion: HTTP 200 and one ERROR event with a 410 Status;
-    * ``conflict_patch(path_part)``: the next PATCH on a matching path gets 409 Conflict.
+    * ``conflict_patch(path_part)``: the next PATCH on a matching path gets 409 Conflict;
+    * ``gone_continue(path_part)``: the next list page on a matching path (a ``continue`` token) gets
+      410 Gone, as when the snapshot behind the token was compacted;
+    * ``stall(True)``: every request from now on hangs (no answer) until ``stall(False)``, then its
+      connection is closed: a partition between this client and the API server.
     Everything else is forwarded byte for byte.
     """
 
@@ -198,6 +205,10 @@ class FaultProxy:
         self.faults: list[tuple[str, str, int]] = []     # (kind, path part, arg)
         self.injected: list[tuple[str, str]] = []
         self.watch_requests: list[str] = []
+        self._stalled = threading.Event()
+        self._unstalled = threading.Event()
+        self._unstalled.set()
+        self.stalled_requests: list[str] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -213,7 +224,17 @@ class FaultProxy:
                 if is_watch:
                     with proxy._lock:
                         proxy.watch_requests.append(self.path)
+                if proxy._stalled.is_set():
+                    with proxy._lock:
+                        proxy.stalled_requests.append(f"{self.command} {self.path}")
+                    proxy._unstalled.wait(120)
+                    self.close_connection = True
+                    return
                 fault = proxy._take(self.command, self.path, is_watch)
+                if fault and fault[0] == "gone_continue":
+                    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
+                              "message": "The provided continue parameter is too old (injected)"}
+                    return self._send(410, json.dumps(status).encode())
                 if fault and fault[0] == "gone":
                     status = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                                           "message": "too old resource version: 1 (2)",
@@ -274,7 +295,8 @@ class FaultProxy:
         with self._lock:
             for i, (kind, part, arg) in enumerate(self.faults):
                 want_watch = kind in ("drop", "gone")
-                if part in path and ((want_watch and is_watch) or (kind == "conflict" and method == "PATCH")):
+                page = kind == "gone_continue" and method == "GET" and "continue=" in path and not is_watch
+                if part in path and ((want_watch and is_watch) or (kind == "conflict" and method == "PATCH") or page):
                     del self.faults[i]
                     self.injected.append((kind, path))
                     return kind, part, arg
@@ -292,10 +314,23 @@ class FaultProxy:
         with self._lock:
             self.faults.append(("conflict", path_part, 0))
 
+    def gone_continue(self, path_part: str) -> None:
+        with self._lock:
+            self.faults.append(("gone_continue", path_part, 0))
+
+    def stall(self, on: bool) -> None:
+        if on:
+            self._unstalled.clear()
+            self._stalled.set()
+        else:
+            self._stalled.clear()
+            self._unstalled.set()
+
     def pending(self) -> int:
         with self._lock:
             return len(self.faults)
 
     def stop(self) -> None:
+        self.stall(False)
         self.server.shutdown()
         self.server.server_close()

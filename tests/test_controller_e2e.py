@@ -7,9 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.controller import Controller
@@ -170,17 +172,17 @@ def test_warm_node_is_untainted_labelled_recorded_and_initialized(kube, admin, k
 @pytest.mark.parametrize("action", ["untaint", "replace", "keep"])
 def test_deadline_actions(admin, k, action):
     sim = KarpenterSim(admin)
-    with installed(k, inject_ready=True, deadline="1s", on_deadline=action) as inst, running(admin) as c:
-        n = sim.scale_up(inst.pool)
+    with installed(k, inject_ready=True, deadline="1m", on_deadline=action) as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, registered_ago_s=59)      # the minute is up a second from now
         if action == "untaint":
             wait_for(lambda: TAINT not in taint_keys(k, n.node), what="cold untaint")
             node = k.get(NODES, n.node)
             assert node["metadata"]["labels"]["nodewarm.io/warm"] == "cold"
             assert json.loads(node["metadata"]["annotations"][STATE_ANNOTATION])["decision"] == "DeadlineUntaint"
         elif action == "replace":
-            wait_for(lambda: n.claim not in {x["metadata"]["name"] for x in k.list(NODECLAIMS)["items"]},
-                     what="NodeClaim deleted")
+            wait_for(lambda: k.get(NODECLAIMS, n.claim)["metadata"].get("deletionTimestamp"), what="NodeClaim deleted")
             assert TAINT in taint_keys(k, n.node)        # the node goes away with its claim; never untainted
+            sim.finish_termination(n.claim)
         else:
             wait_for(lambda: STATE_ANNOTATION in (k.get(NODES, n.node)["metadata"].get("annotations") or {}),
                      what="keep decision recorded")
@@ -190,3 +192,99 @@ def test_deadline_actions(admin, k, action):
         wait_for(lambda: [e for e in events_for(k, "NodeClaim", n.claim) if e["reason"] == reason], what="deadline event")
         assert c.metrics.deadlines.labels(inst.pool, action)._value.get() == 1
         assert c.decisions.count((n.claim, {"untaint": "untaint", "replace": "delete_claim", "keep": "record"}[action])) == 1
+
+
+def _warm(kube, admin, node: str, ok: bool = True, reason: str = "WeightsVerified") -> None:
+    report_warm(admin, node, ok, reason, "ok" if ok else "failed", {"nodewarm.io/compile-cache": "miss"})
+
+
+def test_keep_then_a_late_warm_still_lifts_the_taint(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1m", on_deadline="keep") as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, registered_ago_s=120)
+        wait_for(lambda: (n.claim, "record") in c.decisions, what="keep decision")
+        assert TAINT in taint_keys(k, n.node)
+        _warm(kube, admin, n.node)                    # the weights arrive late
+        wait_for(lambda: TAINT not in taint_keys(k, n.node), what="late Warm lifts the taint")
+        state = json.loads(k.get(NODES, n.node)["metadata"]["annotations"][STATE_ANNOTATION])
+        assert state["decision"] == "Untainted"
+        assert c.decisions.count((n.claim, "record")) == 1 and c.decisions.count((n.claim, "untaint")) == 1
+
+
+def test_a_node_that_just_turned_warm_is_untainted_never_replaced(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1m", on_deadline="replace") as inst, \
+            running(admin, workers=0) as c:
+        n = sim.scale_up(inst.pool, registered_ago_s=120)
+        wait_for(lambda: n.claim in c.claims.store and c._node_for(c.claims.store[n.claim]), what="claim and node cached")
+        c.nodes.stop()                                # the cache falls behind: it never sees the Warm report
+        _warm(kube, admin, n.node)
+        plan = c.reconcile_claim(n.claim)             # the cached view says "past the deadline, replace"
+        assert plan.action == "untaint"
+        assert not k.get(NODECLAIMS, n.claim)["metadata"].get("deletionTimestamp")
+        assert TAINT not in taint_keys(k, n.node)
+        assert c.kube.writes[("nodeclaims", "DELETE")] == 0
+
+
+def test_replace_budget_per_nodepool_pauses_and_says_so(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1m", on_deadline="replace") as inst, \
+            running(admin, replace_budget=1) as c:
+        a = sim.scale_up(inst.pool, registered_ago_s=120)
+        b = sim.scale_up(inst.pool, registered_ago_s=120)
+        cond = wait_for(lambda: next((x for x in (k.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions")
+                                      or () if x["type"] == "ReplacementsPaused"), None), what="ReplacementsPaused")
+        assert (cond["status"], cond["reason"]) == ("True", "BudgetExhausted") and inst.pool in cond["message"]
+        deleting = [x for x in (a.claim, b.claim) if k.get(NODECLAIMS, x)["metadata"].get("deletionTimestamp")]
+        assert len(deleting) == 1
+        assert c.metrics.deadlines.labels(inst.pool, "replace")._value.get() == 1
+        kept = ({a.claim, b.claim} - set(deleting)).pop()
+        assert TAINT in taint_keys(k, a.node if kept == a.claim else b.node)
+
+
+def test_replace_is_not_tried_when_a_new_node_would_fail_the_same_way(kube, admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True, deadline="1m", on_deadline="replace") as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, registered_ago_s=30)
+        _warm(kube, admin, n.node, ok=False, reason="NotInstanceStore")
+        wait_for(lambda: (n.claim, "record") in c.decisions, timeout_s=45, what="not-replaced decision")
+        assert not k.get(NODECLAIMS, n.claim)["metadata"].get("deletionTimestamp")
+        wait_for(lambda: [e for e in events_for(k, "NodeClaim", n.claim) if e["reason"] == "WarmDeadlineNotReplaced"],
+                 what="event")
+        assert c.metrics.deadlines.labels(inst.pool, "not_replaced")._value.get() == 1
+
+
+def test_the_server_enforces_the_preconditions_deadline_writes_carry(admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst:
+        n = sim.scale_up(inst.pool)
+        claim = k.get(NODECLAIMS, n.claim)
+        node = k.get(NODES, n.node)
+        k.merge_patch(NODECLAIMS, n.claim, {"metadata": {"labels": {"example.com/touched": "1"}}})
+        k.merge_patch(NODES, n.node, {"metadata": {"labels": {"example.com/touched": "1"}}})
+        with pytest.raises(ApiException) as e:
+            k.delete(NODECLAIMS, n.claim, uid=claim["metadata"]["uid"], resource_version=claim["metadata"]["resourceVersion"])
+        assert e.value.status == 409
+        assert not k.get(NODECLAIMS, n.claim)["metadata"].get("deletionTimestamp")
+        guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": node["metadata"]["resourceVersion"]},
+                 {"op": "add", "path": "/metadata/labels/example.com~1late", "value": "1"}]
+        with pytest.raises(ApiException) as e:
+            k.json_patch(NODES, n.node, guard)
+        assert e.value.status in (409, 422)
+        assert "example.com/late" not in k.get(NODES, n.node)["metadata"]["labels"]
+
+
+def test_events_are_rate_limited_and_the_excess_dropped_on_stop(k):
+    from nodewarm.controller.events import EventRecorder
+    from nodewarm.controller.plan import EventSpec
+
+    name = f"ratelimited-{os.getpid()}"
+    rec = EventRecorder(k, qps=0.001, burst=3)        # three at once, the next one in ~17 minutes
+    rec.start()
+    for i in range(5):
+        rec.emit(EventSpec("Node", name, "", "Test", f"event {i}"))
+    wait_for(lambda: rec.sent == 3, what="the burst sent")
+    time.sleep(0.3)
+    assert rec.sent == 3 and len(events_for(k, "Node", name)) == 3
+    rec.stop(flush_timeout_s=0.2)
+    assert rec.dropped == 2 and rec.sent == 3

@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.kube import LEASES, NODES, Resource
-from nodewarm.controller.model import STATE_ANNOTATION
+from nodewarm.controller.model import STATE_ANNOTATION, parse_time
 from nodewarm.testenv.karpenter import KarpenterSim
 
 from controller_fixtures import (
@@ -133,8 +134,8 @@ def test_node_deleted_while_warming_is_left_alone(kube, admin, k):
     sim = KarpenterSim(admin)
     # The deadline must not pass before the deletion is seen (a loaded machine can take a second or two
     # to register and delete), and must pass afterwards: nothing is left to untaint or replace.
-    with installed(k, inject_ready=True, deadline="4s") as inst, running(admin) as c:
-        n = sim.scale_up(inst.pool)
+    with installed(k, inject_ready=True, deadline="1m") as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, registered_ago_s=56)
         sim.delete_node(n.node)
         wait_for(lambda: n.node not in c.nodes.store, what="node deletion seen")
         time.sleep(4.5)
@@ -150,8 +151,8 @@ def test_nodeclaim_deleted_means_its_node_is_never_untainted(kube, admin, k):
     sim = KarpenterSim(admin)
     with installed(k, inject_ready=True) as inst, running(admin) as c:
         orphan = sim.scale_up(inst.pool)
-        sim.delete_nodeclaim(orphan.claim)                 # Karpenter is terminating it
-        wait_for(lambda: orphan.claim not in c.claims.store, what="claim deletion seen")
+        sim.delete_nodeclaim(orphan.claim)                 # Karpenter is terminating it (finalizer still on)
+        wait_for(lambda: c.claims.store[orphan.claim].deleting, what="claim deletion seen")
         warm(kube, admin, orphan.node)
         sentinel = sim.scale_up(inst.pool)
         warm(kube, admin, sentinel.node)                   # node events arrive in order: orphan's came first
@@ -189,3 +190,67 @@ def test_two_controllers_one_acts_and_the_standby_takes_over(kube, admin, k):
         assert list(standby.decisions) == [(n2.claim, "untaint")]
         assert k.get(LEASES, "nodewarm-controller", ns)["spec"]["holderIdentity"] == standby.opt.identity
 
+
+
+def _new_namespace(k) -> str:
+    ns = uniq("nw-lease")
+    k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
+    return ns
+
+
+def test_a_stalled_leader_stops_acting_before_the_standby_takes_over_after_expiry(kube, admin, k, proxy):
+    sim = KarpenterSim(admin)
+    ns = _new_namespace(k)
+    opts = dict(leader_elect=True, lease_namespace=ns, lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.4)
+    with installed(k, inject_ready=True) as inst, \
+            running(client_for(proxy.url, kube.admin_token), identity="one", **opts) as one:
+        wait_for(lambda: one.is_leader.is_set(), what="one leads")
+        with running(admin, identity="two", **opts) as two:
+            time.sleep(1.0)
+            assert not two.is_leader.is_set()
+            proxy.stall(True)                      # one's API calls now hang: its renews never arrive
+            time.sleep(0.2)
+            last_renew = parse_time(k.get(LEASES, "nodewarm-controller", ns)["spec"]["renewTime"])
+            n = sim.scale_up(inst.pool)
+            warm(kube, admin, n.node)              # a node turns Warm while the leader is cut off
+            wait_for(lambda: two.is_leader.is_set(), timeout_s=20, what="two takes over")
+            wait_for(lambda: TAINT not in taint_keys(k, n.node), what="the new leader lifts the taint")
+            lease = k.get(LEASES, "nodewarm-controller", ns)["spec"]
+            assert lease["holderIdentity"] == "two"
+            # Only after expiry: the Lease sat unrenewed for a whole leaseDuration before two took it.
+            assert parse_time(lease["acquireTime"]) - last_renew >= opts["lease_duration_s"]
+            # The stalled one had stopped acting, and its election loop had noticed (its renew calls time
+            # out before the renew deadline), before two started.
+            term_one, term_two = one.elector.terms[-1], two.elector.terms[-1]
+            assert term_one.stopped_at is not None and term_one.noticed_at is not None
+            assert term_one.stopped_at <= term_one.noticed_at <= term_two.acquired_at
+            assert not one._acting() and not one.is_leader.is_set()
+            assert (n.claim, "untaint") in two.decisions and n.claim not in {c for c, _ in one.decisions}
+            proxy.stall(False)
+
+
+def test_dry_run_never_takes_the_lease(kube, admin, k):
+    ns = _new_namespace(k)
+    with installed(k, inject_ready=True), \
+            running(admin, identity="audit", dry_run=True, leader_elect=True, lease_namespace=ns) as audit:
+        time.sleep(1.0)
+        assert audit.elector is None
+        with pytest.raises(ApiException) as e:
+            k.get(LEASES, "nodewarm-controller", ns)
+        assert e.value.status == 404
+        with running(admin, identity="real", leader_elect=True, lease_namespace=ns) as real:
+            wait_for(lambda: real.is_leader.is_set(), what="the real replica leads")
+            assert k.get(LEASES, "nodewarm-controller", ns)["spec"]["holderIdentity"] == "real"
+
+
+def test_lists_are_paginated_and_an_expired_continue_token_restarts_the_list(kube, admin, k, proxy, fresh_node):
+    names = [uniq("page") for _ in range(7)]
+    for name in names:
+        fresh_node(name, [])
+    proxy.gone_continue("/api/v1/nodes?")
+    with running(client_for(proxy.url, kube.admin_token), list_page_size=3, workers=0) as c:
+        assert set(names) <= set(c.nodes.store)
+        assert ("gone_continue", ) == tuple({kind for kind, _ in proxy.injected})
+        total = len(c.nodes.store)
+        # page 1, a 410 on page 2, then the whole list again in pages of 3
+        assert c.nodes.pages >= 1 + -(-total // 3) and c.nodes.lists == 1

@@ -209,3 +209,148 @@ def test_workqueue_delays_and_backoff():
     assert q.get(2) == "later"
     q.shutdown()
     assert q.get(5) is None
+
+
+# -- deadline actions: guards, keep that still lifts, replace that is never pointless ----------------------
+
+def test_deadline_plans_carry_uid_and_resource_version_guards_the_warm_path_only_uid():
+    node = node_obj(warm=None)
+    node["metadata"]["resourceVersion"] = "41"
+    pl = plan(node, p=prof(spec__readiness__onDeadline="untaint", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.deadline == "untaint"
+    assert pl.node_ops[:2] == ({"op": "test", "path": "/metadata/uid", "value": "u-n1"},
+                               {"op": "test", "path": "/metadata/resourceVersion", "value": "41"})
+    moved = copy.deepcopy(node)
+    moved["metadata"]["resourceVersion"] = "42"          # anything happened to the node since the live read
+    with pytest.raises(AssertionError, match="test failed"):
+        apply_json_patch(moved, list(pl.node_ops))
+    warm = node_obj()
+    warm["metadata"]["resourceVersion"] = "41"
+    ops = plan(warm).node_ops
+    assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "u-n1"}
+    assert not any(o["path"] == "/metadata/resourceVersion" for o in ops)   # cache-driven: heartbeats must not conflict
+
+
+def test_keep_does_not_end_handling_a_late_warm_still_lifts_the_taint():
+    keep = prof(spec__readiness__onDeadline="keep", spec__readiness__deadline="5m")
+    kept = apply_json_patch(node_obj(warm=None), list(plan(node_obj(warm=None), p=keep, now=T0 + 301).node_ops))
+    assert WarmState.from_json(kept["metadata"]["annotations"][STATE_ANNOTATION]).decision == "DeadlineKeep"
+    still = plan(kept, p=keep, now=T0 + 400)
+    assert still.action == planner.NONE and still.requeue_after is None    # no second keep event; waits for the node
+    late = copy.deepcopy(kept)
+    late["status"]["conditions"].append({"type": "nodewarm.io/Warm", "status": "True", "reason": "WeightsVerified",
+                                         "message": "ok", "lastTransitionTime": fmt_time(T0 + 500)})
+    pl = plan(late, p=keep, now=T0 + 501)
+    assert pl.action == planner.UNTAINT and pl.deadline == ""
+    after = apply_json_patch(late, list(pl.node_ops))
+    assert TAINT not in after["spec"]["taints"]
+    assert WarmState.from_json(after["metadata"]["annotations"][STATE_ANNOTATION]).decision == "Untainted"
+    assert "after its deadline" in pl.events[0].message
+    assert plan(after, p=keep, now=T0 + 600).action == planner.NONE     # and that is the end of it
+
+
+@pytest.mark.parametrize("reason", sorted(planner.UNFIXABLE_REASONS))
+def test_replace_is_not_tried_for_failures_a_new_node_would_repeat(reason):
+    node = node_obj(warm="False")
+    node["status"]["conditions"][-1]["reason"] = reason
+    pl = plan(node, p=prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.action == planner.RECORD and pl.deadline == "not_replaced"
+    assert {e.reason for e in pl.events} == {"WarmDeadlineNotReplaced"} and reason in pl.events[0].message
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert TAINT in after["spec"]["taints"]
+
+
+def test_replace_for_a_failure_a_new_node_may_not_repeat():
+    node = node_obj(warm="False")
+    node["status"]["conditions"][-1]["reason"] = "S3Unavailable"
+    pl = plan(node, p=prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.action == planner.DELETE_CLAIM and pl.deadline == "replace"
+
+
+def test_replace_budget_backs_off_exponentially_and_opens_when_spent():
+    pol = planner.ReplacePolicy(budget=3, window_s=3600, backoff_base_s=60, backoff_max_s=1800)
+    g = planner.replace_gate("pool", (), T0, pol)
+    assert g.allowed and g.condition.status == "False"
+    g = planner.replace_gate("pool", (T0,), T0 + 30, pol)                 # 1 used: wait 60 s after it
+    assert not g.allowed and g.until == T0 + 60 and g.condition.status == "False"
+    assert planner.replace_gate("pool", (T0,), T0 + 61, pol).allowed
+    g = planner.replace_gate("pool", (T0, T0 + 61), T0 + 100, pol)        # 2 used: wait 120 s
+    assert not g.allowed and g.until == T0 + 61 + 120
+    g = planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 400, pol)    # 3 used in the last hour: open
+    assert not g.allowed and g.until == T0 + 3600
+    assert (g.condition.type, g.condition.status, g.condition.reason) == ("ReplacementsPaused", "True", "BudgetExhausted")
+    assert "pool" in g.condition.message
+    assert planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
+    off = planner.replace_gate("pool", (), T0, planner.ReplacePolicy(budget=0))   # --replace-budget 0: never
+    assert not off.allowed and off.condition.status == "True"
+
+
+# -- the cached view is a projection --------------------------------------------------------------------
+
+def realistic_node(i: int = 0) -> dict:
+    """~30 KB like a GPU node in a real cluster: 50 images (the kubelet's cap) with 3 names each, 60
+    labels, the usual conditions."""
+    node = node_obj()
+    node["metadata"]["labels"].update({f"label-{j}.example.com/key": f"value-{j}-{i}" for j in range(60)})
+    node["metadata"]["annotations"] = {"node.alpha.kubernetes.io/ttl": "0", "csi.volume.kubernetes.io/nodeid": "{}" * 50,
+                                       "nodewarm.io/compile-cache": "hit"}
+    repo = "123456789012.dkr.ecr.us-west-2.amazonaws.com/ml-platform/inference-serving-team"
+    node["status"]["images"] = [{"names": [f"{repo}/image-{j}@sha256:{'a' * 64}", f"{repo}/image-{j}:v{j}.{i}",
+                                           f"{repo}/image-{j}:latest-build-{i}",
+                                           f"public.ecr.aws/mirror/team/image-{j}:v{j}.{i}"],
+                                 "sizeBytes": 1_000_000_000 + j} for j in range(50)]
+    node["status"]["conditions"] += [{"type": t, "status": "False", "reason": f"Kubelet{t}", "message": "x" * 200,
+                                      "lastHeartbeatTime": fmt_time(T0), "lastTransitionTime": fmt_time(T0)}
+                                     for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")]
+    node["status"]["nodeInfo"] = {k: f"{k}-value-{'x' * 40}" for k in (
+        "machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion",
+        "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture")}
+    return node
+
+
+def _deep_size(o, seen=None) -> int:
+    import sys
+    seen = seen if seen is not None else set()
+    if id(o) in seen:
+        return 0
+    seen.add(id(o))
+    n = sys.getsizeof(o)
+    if isinstance(o, dict):
+        n += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in o.items())
+    elif isinstance(o, (list, tuple, set)):
+        n += sum(_deep_size(x, seen) for x in o)
+    elif hasattr(o, "__dataclass_fields__"):
+        n += sum(_deep_size(getattr(o, f), seen) for f in o.__dataclass_fields__)
+    return n
+
+
+def test_the_cached_node_view_holds_only_the_projected_fields():
+    import dataclasses
+
+    obj = realistic_node()
+    assert len(json.dumps(obj)) > 25_000
+    view = NodeView.from_obj(obj)
+    assert {f.name for f in dataclasses.fields(NodeView)} == {
+        "name", "uid", "provider_id", "created", "deleting", "any_labels", "annotations", "any_annotations",
+        "taints", "warm", "resource_version"}
+    assert set(view.annotations) == {"nodewarm.io/compile-cache"}       # only ours
+    assert view.any_labels and view.any_annotations
+    assert _deep_size(view) * 10 < len(json.dumps(obj))                  # a small fraction of the object
+    # resourceVersion rides along for guards but a change only in it is no change.
+    bumped = copy.deepcopy(obj)
+    bumped["metadata"]["resourceVersion"] = "999"
+    bumped["metadata"]["labels"]["another"] = "label"
+    assert NodeView.from_obj(bumped) == view
+
+
+def test_leader_timings_must_leave_no_window_for_two_leaders():
+    from nodewarm.controller.leader import LeaderConfig
+
+    ok = LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+    assert ok.request_timeout_s < ok.renew_deadline_s       # one hung call cannot outlast the deadline
+    with pytest.raises(ValueError, match="greater than the renew deadline"):
+        LeaderConfig("ns", identity="a", lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+    with pytest.raises(ValueError, match="retry period"):
+        LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
+    with pytest.raises(ValueError, match="identity"):
+        LeaderConfig("ns", identity="")

@@ -75,6 +75,9 @@ def _second_pool(k, inst, name, node_class=None):
     pool["metadata"] = {"name": name}
     if node_class:
         pool["spec"]["template"]["spec"]["nodeClassRef"]["name"] = node_class
+        nc = copy.deepcopy(inst.nodeclass)
+        nc["metadata"] = {"name": node_class}
+        k.create(inst.nc_res, nc)
     k.create(NODEPOOLS, pool)
     return name
 
@@ -83,7 +86,7 @@ def test_a_change_that_would_drift_live_nodeclaims_is_refused_with_the_count_the
     sim = KarpenterSim(admin)
     with installed(k, user_data=None, user_startup_taints=()) as inst:
         other = _second_pool(k, inst, f"{inst.pool}-b")
-        unrelated = _second_pool(k, inst, f"{inst.pool}-c", node_class="another-class")
+        unrelated = _second_pool(k, inst, f"{inst.pool}-c", node_class=f"{inst.node_class}-other")
         try:
             claims = [sim.create_nodeclaim(inst.pool)["metadata"]["name"] for _ in range(2)]
             claims.append(sim.create_nodeclaim(other)["metadata"]["name"])
@@ -111,6 +114,7 @@ def test_a_change_that_would_drift_live_nodeclaims_is_refused_with_the_count_the
                     k.delete(NODECLAIMS, c["metadata"]["name"])
             k.delete(NODEPOOLS, other)
             k.delete(NODEPOOLS, unrelated)
+            k.delete(inst.nc_res, f"{inst.node_class}-other")
 
 
 def test_verify_mode_reports_differences_and_writes_nothing(admin, k):
@@ -152,7 +156,9 @@ def test_a_renamed_taint_key_replaces_the_old_one_and_old_nodes_still_lift(kube,
         k.merge_patch(WARMPROFILES, inst.name, {"spec": {"readiness": {"taintKey": "example.com/warming"}}})
         wait_for(lambda: [t["key"] for t in k.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"]["startupTaints"]]
                  == ["example.com/warming"], what="the pool's startup taint renamed, not added")
-        assert k.get(WARMPROFILES, inst.name)["status"]["injected"]["retiredTaintKeys"] == [TAINT]
+        # The status is written after the pool (the record of what was injected follows the injection).
+        wait_for(lambda: k.get(WARMPROFILES, inst.name)["status"]["injected"]["retiredTaintKeys"] == [TAINT],
+                 what="the old key recorded as retired")
         report_warm(kube.api_client(kube.node_token("node-7")), "node-7", True, "WeightsVerified", "ok")
         wait_for(lambda: TAINT not in taint_keys(k, "node-7"), what="the old key lifted from a node that warmed")
         assert old.claim

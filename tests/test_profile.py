@@ -118,3 +118,25 @@ def test_load_reports_yaml_and_document_count_errors(tmp_path):
     f.write_text("a: 1\n---\nb: 2\n")
     with pytest.raises(ProfileError, match="exactly one WarmProfile"):
         profile.load(f)
+
+
+@pytest.mark.parametrize("deadline", ["0s", "30s", "59s", "0m", "0h"])
+def test_deadline_under_a_minute_is_refused_with_the_reason(deadline):
+    with pytest.raises(ProfileError) as e:
+        profile.from_dict(v(spec__readiness__deadline=deadline))
+    assert e.value.field == "spec.readiness.deadline" and "at least 1m" in str(e.value)
+
+
+@pytest.mark.parametrize("deadline", ["60s", "90s", "1m", "20m", "1h"])
+def test_deadline_of_a_minute_or_more_is_accepted(deadline):
+    assert profile.from_dict(v(spec__readiness__deadline=deadline)).readiness.deadline_s >= 60
+
+
+def test_the_crd_schema_refuses_a_short_deadline_too():
+    import re
+
+    from nodewarm.schema import strict_schema
+
+    pattern = strict_schema()["properties"]["spec"]["properties"]["readiness"]["properties"]["deadline"]["pattern"]
+    assert not any(re.match(pattern, d) for d in ("0s", "59s", "0m", "5", "1d"))
+    assert all(re.match(pattern, d) for d in ("60s", "600s", "1m", "20m", "2h"))

@@ -380,3 +380,15 @@ def test_the_publisher_needs_the_buckets_region():
         rendered(v(spec__nodes__region=None, spec__compileCache__verifyKey="A" * 43 + "=",
                    spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))
     assert e.value.field == "spec.nodes.region"
+
+
+def test_strict_crd_check_fails_closed_on_an_apiversion_no_crd_describes():
+    docs = rendered(v())
+    old = dict(by_kind(docs, "NodePool"), apiVersion="karpenter.sh/v1beta1")     # a version the CRDs do not serve
+    stray = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    report = crdvalidate.validate(docs + [old, stray, {"metadata": {"name": "nokind"}}], _strict_crds())
+    assert set(report) == {"NodePool/gpu-p5", "Widget/w", "<no kind>/nokind"}
+    assert "karpenter.sh/v1 NodePool" in report["NodePool/gpu-p5"][0] and "v1beta1" in report["NodePool/gpu-p5"][0]
+    assert "pass its CRD file" in report["Widget/w"][0]
+    # Built-in kinds (the vLLM Deployment, Service, RBAC) are the API server's to check: still no error.
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service"}
