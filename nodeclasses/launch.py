@@ -9,6 +9,8 @@ from nodewarm.errors import ProfileError
 from nodewarm.profile import WarmProfile
 from nodewarm.userdata.launch import BootstrapLaunch
 
+from .vllm import streamer_chunk_bytes
+
 
 def region_of(p: WarmProfile) -> str:
     region = p.nodes.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -26,8 +28,9 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
         raise ProfileError(missing, None, "run `nodewarm package`, upload the file it builds, and put its "
                                           "s3:// URI and sha256 here (nodes verify the sha256 before running it)")
     return BootstrapLaunch(
-        artifact_uri=b.artifact_uri,
-        artifact_sha256=b.artifact_sha256,
+        # Only where it is fetched: a DaemonSet given the artifact's pin would skip its (torch) load check.
+        artifact_uri=b.artifact_uri if needs_artifact else None,
+        artifact_sha256=b.artifact_sha256 if needs_artifact else None,
         profile=p.name,
         model_uri=p.model.uri,
         dest_dir=p.warm_dir,
@@ -37,6 +40,9 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
         region=region_of(p),
         nodewarm_version=__version__,
         cache_key_args=cache_key_args(p),
+        # The load check streams the weights as the vLLM pod's loader will (nodeclasses.vllm).
+        streamer_concurrency=p.concurrency,
+        streamer_chunk_bytes=streamer_chunk_bytes(p),
     )
 
 

@@ -225,3 +225,19 @@ def test_publisher_needs_the_verify_key_nodes_check_with():
     with pytest.raises(profile.ProfileError) as e:
         rendered(v(spec__compileCache__publisher={"image": "x", "signingKeySecret": "k"}))
     assert e.value.field == "spec.compileCache.verifyKey"
+
+
+def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
+    from nodewarm.bootstrap import agent_cli
+    from nodewarm.cli import build_parser
+
+    docs = rendered(v("automode", spec__serving__chunkSizeGB=2))
+    c = container(docs)
+    want_concurrency = json.loads(next(a for a in c["args"] if a.startswith("--model-loader-extra-config="))
+                                  .split("=", 1)[1])["concurrency"]
+    want_chunk = int(next(e["value"] for e in c["env"] if e["name"] == "RUNAI_STREAMER_CHUNK_BYTESIZE"))
+    pod = by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+    warm = next(x for x in pod["initContainers"] + pod["containers"] if "run" in x.get("args", []))
+    cfg = agent_cli._agent_config(build_parser().parse_args(warm["args"]))
+    assert cfg.load_check and (cfg.streamer.concurrency, cfg.streamer.chunk_bytes) == (want_concurrency, want_chunk)
+    assert want_chunk == 2 * 2**30

@@ -46,6 +46,9 @@ class BootstrapLaunch:
     # The rest of the compile-cache key the node must match (tensor parallelism, vLLM engine flags, the
     # bundle verify key), as `bootstrap run` options: the node has no other way to learn them.
     cache_key_args: tuple[str, ...] = ()
+    # The vLLM pod's streamer settings, so the node's load check reads the weights as serving will.
+    streamer_concurrency: int | None = None
+    streamer_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if (self.artifact_uri is None) != (self.artifact_sha256 is None):
@@ -75,6 +78,10 @@ class BootstrapLaunch:
         for value in self.cache_key_args:
             if not _SAFE.match(value):
                 _bad("cache_key_args", value, "only letters, digits and . _ / : = @ + , -")
+        for name in ("streamer_concurrency", "streamer_chunk_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                _bad(name, value, "a positive integer (from the profile's serving settings)")
 
     def bootstrap_argv(self) -> list[str]:
         """The arguments after `nodewarm` that start the warm-up on the node."""
@@ -91,6 +98,11 @@ class BootstrapLaunch:
             # The artifact runs on the host's python with the standard library and nodewarm's pure-Python
             # deps: no torch, so the Run:ai streamer load check cannot run there (the DaemonSet image can).
             argv.append("--skip-load-check")
+        else:
+            if self.streamer_concurrency is not None:
+                argv += ["--streamer-concurrency", str(self.streamer_concurrency)]
+            if self.streamer_chunk_bytes is not None:
+                argv += ["--streamer-chunk-bytes", str(self.streamer_chunk_bytes)]
         return argv
 
 
