@@ -72,6 +72,11 @@ class AgentResult:
     cache: restore.RestoreResult | None = None
     timeline: dict[str, str] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
+                "weights": dataclasses.asdict(self.weights) if self.weights else None,
+                "compileCache": self.cache.to_dict() if self.cache else None}
+
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
         if self.cache is not None:
@@ -137,9 +142,7 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str]) -> AgentResult:
 
 def _write_result(state_dir: Path, result: AgentResult) -> None:
     """The outcome, on the node's disk too (temp name, then rename): what the condition says, and more."""
-    doc = {"warm": result.warm, "reason": result.reason, "message": result.message, "timeline": result.timeline,
-           "weights": dataclasses.asdict(result.weights) if result.weights else None,
-           "compileCache": result.cache.to_dict() if result.cache else None}
+    doc = result.to_dict()
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         tmp = state_dir / (RESULT_FILE + ".tmp")

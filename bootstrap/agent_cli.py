@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from nodewarm.errors import NodewarmError
@@ -114,10 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         raise
     result = agent.run(cfg, _api_client(args.kubeconfig))
     if args.json:
-        json.dump({"warm": result.warm, "reason": result.reason, "message": result.message,
-                   "timeline": result.timeline,
-                   "weights": asdict(result.weights) if result.weights else None,
-                   "compileCache": result.cache.to_dict() if result.cache else None}, sys.stdout, indent=1, default=str)
+        json.dump(result.to_dict(), sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     if not result.warm:
         print(f"nodewarm: {result.reason}: {result.message}", file=sys.stderr)

@@ -218,7 +218,7 @@ def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, moun
     argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name,
             "--model-uri", p.model.uri, "--dest", str(dest), "--mount", str(mount), "--node-name", node,
             "--kubeconfig", str(kcfg), "--allow-non-nvme", "--compile-cache-uri", p.compile_cache.uri,
-            *cache_key_args(p), "--json"]
+            "--state-dir", str(mount / "state"), *cache_key_args(p), "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **srv.s3.env()}, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"bootstrap on {node} failed ({proc.returncode}): {proc.stderr[-3000:]}")
