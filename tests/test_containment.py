@@ -132,6 +132,18 @@ def _restore(cfg: AgentConfig) -> restore.RestoreResult:
                                     PROBE, ENV)
 
 
+def test_restore_on_a_fresh_mount_installs_every_root(aws_env, tmp_path):
+    with loop_volume(tmp_path, 128) as mount:
+        cfg = _agent(aws_env, tmp_path, mount)
+        _publish(aws_env, tmp_path, cfg, 4 * KiB)
+        result = _restore(cfg)  # a fresh node: not even compile-cache/ exists yet
+        assert (result.status, result.reason) == ("restored", "Restored"), result.message
+        roots = cfg.cache_dirs.roots()
+        assert (roots["vllm"] / "torch_aot_compile/ab12/rank_0_0/model").read_bytes() == b"aot"
+        assert (roots["inductor"] / "fxgraph/cd/entry").stat().st_size == 4 * KiB
+        assert not [p for p in mount.iterdir() if p.name.startswith(".nodewarm-restore-")]
+
+
 def test_restore_never_follows_a_link_a_pod_planted_in_the_cache_hostpath(aws_env, tmp_path):
     with loop_volume(tmp_path, 128) as mount:
         cfg = _agent(aws_env, tmp_path, mount)

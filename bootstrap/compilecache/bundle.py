@@ -360,8 +360,7 @@ def install(staged: Path, roots: Mapping[str, Path], base: Path | None = None) -
         trusted = Path(os.path.abspath(base)) if base is not None else root.parent
         if trusted != root.parent and trusted not in root.parents:
             raise ValueError(f"cache root {root} is not inside {trusted}")
-        if base is None:
-            trusted.mkdir(parents=True, exist_ok=True)
+        trusted.mkdir(parents=True, exist_ok=True)  # trusted by the caller: the walk below it follows nothing
         rel = root.relative_to(trusted)
         dst_fd = confined.open_dir(trusted, rel.parts[:-1], create=True)
         try:
