@@ -4,12 +4,16 @@ This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mod
 `nodewarm bootstrap run`. The order matters: the weights are the part that can fail the node (not
 NVMe, too small, S3 errors); a compile-cache problem only makes the first compile cold, so it is
 reported but never fails the warm-up. Whatever happens, the outcome ends up in the condition, so the
-controller (which alone may lift the taint) knows what to do.
+controller (which alone may lift the taint) knows what to do: an exception nodewarm has no reason for
+is reported as InternalError naming its type, never left to kill the agent before it reports. A
+launcher failure recorded before this start (launchrecord) is reported first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,14 +23,18 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 
+from . import launchrecord
 from .compilecache import bundle, cachekey, restore
 from .weights import WeightsConfig, WeightsSummary, warm_weights
+from .weights.loadcheck import StreamerTuning
 
 log = logs.get("bootstrap.agent")
+
+RESULT_FILE = "agent-result.json"
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -43,12 +51,15 @@ class AgentConfig:
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
     generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
+    streamer: StreamerTuning = StreamerTuning()     # the vLLM pod's streamer settings, for the load check
+    state_dir: Path | None = None                   # launcher records in, agent-result.json out
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
         """The host side of the vLLM pod's /compile-cache hostPath (nodeclasses.podlayout)."""
         d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
-        return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"])
+        return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
+                                base=self.mount / "compile-cache")
 
     def serving_spec(self) -> cachekey.ServingSpec:
         return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
@@ -62,6 +73,11 @@ class AgentResult:
     weights: WeightsSummary | None = None
     cache: restore.RestoreResult | None = None
     timeline: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
+                "weights": dataclasses.asdict(self.weights) if self.weights else None,
+                "compileCache": self.cache.to_dict() if self.cache else None}
 
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
@@ -82,11 +98,22 @@ def _stamp() -> str:
 
 
 def warm(cfg: AgentConfig) -> AgentResult:
-    """Run both phases; never raises for a node-side failure (it becomes the result)."""
+    """Run both phases; never raises an Exception: every failure becomes the result."""
     timeline = {"agent_started": _stamp()}
     try:
+        return _warm(cfg, timeline)
+    except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
+        log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
+        timeline["agent_failed"] = _stamp()
+        return AgentResult(False, "InternalError", f"the node agent failed unexpectedly: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())}", timeline=timeline)
+
+
+def _warm(cfg: AgentConfig, timeline: dict[str, str]) -> AgentResult:
+    try:
         summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest, allow_non_nvme=cfg.allow_non_nvme,
-                                             host_root=cfg.host_root, load_check=cfg.load_check))
+                                             host_root=cfg.host_root, load_check=cfg.load_check,
+                                             streamer=cfg.streamer))
     except NodewarmError as e:
         log.error("agent.weights_failed", reason=e.reason, error=str(e))
         timeline["weights_failed"] = _stamp()
@@ -107,9 +134,24 @@ def warm(cfg: AgentConfig) -> AgentResult:
 
     message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
                f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")
+    if summary.unverified:
+        message += (f"; {summary.unverified} of them without an S3 checksum or MD5 ETag: SHA-256 recorded, "
+                    "not verified against S3")
     if cache is not None:
         message += "; " + cache.condition_message()
     return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, timeline=timeline)
+
+
+def _write_result(state_dir: Path, result: AgentResult) -> None:
+    """The outcome, on the node's disk too (temp name, then rename): what the condition says, and more."""
+    doc = result.to_dict()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = state_dir / (RESULT_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        os.replace(tmp, state_dir / RESULT_FILE)
+    except OSError as e:  # a full or read-only disk must not stop the report
+        log.warning("agent.result_not_written", path=str(state_dir / RESULT_FILE), error=str(e))
 
 
 def run(cfg: AgentConfig, api_client) -> AgentResult:
@@ -117,8 +159,19 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
     from .nodestatus import report_warm
 
     start = time.monotonic()
+    launch = launchrecord.read(cfg.state_dir) if cfg.state_dir else None
+    if launch is not None:
+        # Said now, not only in the final result: the warm-up that follows can take many minutes.
+        log.warning("agent.launch_failure", **dataclasses.asdict(launch))
+        report_warm(api_client, cfg.node_name, False, launch.reason, launch.condition_message(),
+                    {LAUNCH_FAILURE_ANNOTATION: launch.annotation()})
+        launchrecord.clear(cfg.state_dir)
     result = warm(cfg)
+    if launch is not None:
+        result.timeline["launch_failed"] = launch.time
     result.timeline["warm_reported"] = _stamp()
+    if cfg.state_dir:
+        _write_result(cfg.state_dir, result)
     labels = {GENERATION_LABEL: cfg.generation} if result.warm and cfg.generation else None
     report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, result.annotations(), labels)
     log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))

@@ -7,9 +7,9 @@ import json
 import os
 import socket
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
+from nodewarm.errors import NodewarmError
 
 RUN_DESCRIPTION = """\
 The node agent. Reads the WarmProfile named by --profile from the cluster (model, serving image, TP,
@@ -27,7 +27,10 @@ update lands new pods here. --once warms and exits instead.
 
 A compile-cache problem never fails the warm-up: the condition says "compile will be cold" and why.
 A weights problem sets Warm=False with its reason (NotInstanceStore, InsufficientNVMe, S3...);
-ProfileNotFound / InvalidProfile / ProfileForbidden when the profile cannot be read.
+ProfileNotFound / InvalidProfile / ProfileForbidden when the profile cannot be read; any unexpected
+failure InternalError, naming the exception type. A launcher failure recorded before this start
+(artifact fetch, Python install: STATE_DIR/launch-failure) is reported first. The outcome is also
+written to STATE_DIR/agent-result.json.
 
 Credentials: Kubernetes from --kubeconfig, else $KUBECONFIG, else the kubelet's
 /var/lib/kubelet/kubeconfig (AL2023 host), else the in-cluster ServiceAccount (DaemonSet); it needs
@@ -53,21 +56,52 @@ def _api_client(kubeconfig: str | None):
     return client.ApiClient()
 
 
+def _node_name(args: argparse.Namespace) -> str:
+    return args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def _follow_options(args: argparse.Namespace):
+    from .compilecache import cachekey
+    from .follow import FollowOptions
+
+    runtime = None
+    if args.runtime:
+        try:
+            doc = json.loads(Path(args.runtime).read_text())
+            runtime = (cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise NodewarmError(f"--runtime {args.runtime}: not the runtime JSON `compile-cache key --runtime-only` "
+                                f"writes ({type(e).__name__}: {e})", reason="InvalidArgument") from None
+    return FollowOptions(profile=args.profile, mount=Path(args.mount), node_name=_node_name(args),
+                         load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
+                         runtime=runtime, once=args.once, state_dir=Path(args.state_dir))
+
+
+def _report_not_started(args: argparse.Namespace, e: Exception) -> None:
+    """The agent could not even be configured: say so on the node (best effort) rather than stay silent."""
+    from nodewarm import logs
+
+    from .nodestatus import report_warm
+
+    reason = e.reason if isinstance(e, NodewarmError) else "InternalError"
+    message = f"the node agent did not start: {type(e).__name__}: {' '.join(str(e).split())}"
+    try:
+        report_warm(_api_client(args.kubeconfig), _node_name(args), False, reason, message)
+    except Exception as unreported:  # noqa: BLE001 - the original failure is what gets raised
+        logs.get("bootstrap.agent").error("agent.not_started_unreported", reason=reason, error=str(unreported))
+
+
 def _run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from .compilecache import cachekey
-    from .follow import Follower, FollowOptions
+    from .follow import Follower
 
-    runtime = None
-    if args.runtime:
-        doc = json.loads(Path(args.runtime).read_text())
-        runtime = (cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"]))
-    opts = FollowOptions(profile=args.profile, mount=Path(args.mount),
-                         node_name=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
-                         load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
-                         runtime=runtime, once=args.once)
+    try:
+        opts = _follow_options(args)
+    except Exception as e:
+        _report_not_started(args, e)
+        raise
     stop = threading.Event()
 
     def terminate(signum, _frame):
@@ -83,11 +117,8 @@ def _run(args: argparse.Namespace) -> int:
     rc = follower.run()
     result = follower.last
     if args.json and result is not None:
-        json.dump({"warm": result.warm, "reason": result.reason, "message": result.message,
-                   "generation": follower.held.generation if follower.held else None,
-                   "timeline": result.timeline,
-                   "weights": asdict(result.weights) if result.weights else None,
-                   "compileCache": result.cache.to_dict() if result.cache else None}, sys.stdout, indent=1, default=str)
+        json.dump({**result.to_dict(), "generation": follower.held.generation if follower.held else None},
+                  sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
     if rc and result is not None and not result.warm:
         print(f"nodewarm: {result.reason}: {result.message}", file=sys.stderr)
@@ -107,4 +138,7 @@ def register_bootstrap(bsub) -> None:
                    help="skip the runai-model-streamer load check (hosts without torch, e.g. the AL2023 artifact)")
     p.add_argument("--json", action="store_true", help="with --once: print the result (weights, compile cache) as JSON")
     p.add_argument("--runtime", help="the serving image's runtime JSON (`compile-cache key --runtime-only`)")
+    p.add_argument("--state-dir", default=os.environ.get("NODEWARM_STATE_DIR", "/var/lib/nodewarm"),
+                   help="launcher failure records in, agent-result.json out (default $NODEWARM_STATE_DIR, "
+                        "else /var/lib/nodewarm)")
     p.set_defaults(func=_run)

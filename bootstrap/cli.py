@@ -30,12 +30,18 @@ What it does, in order:
   2. Lists s3://BUCKET/PREFIX/ (every object; .bin/.pt/... copies are skipped when *.safetensors
      exist) and HEADs each object for ETag, VersionId and S3 checksums.
   3. Plans against DEST/.nodewarm/manifest.json from earlier runs: unchanged files are not
-     transferred; an object replaced at the same key (new ETag/VersionId) is fetched again.
+     transferred; an object replaced at the same key (new ETag/VersionId) is fetched again; files of
+     objects gone from S3, or of another model URI, and their partial downloads are deleted (never
+     outside DEST, never through a symlink).
   4. Checks free space for the model plus headroom before writing a byte (InsufficientNVMe).
-  5. Parallel ranged GETs across and within files into DEST/.nodewarm/partial/ (resumable per part),
-     retries with backoff; each file is fsynced and verified (S3 checksum, else MD5 ETag, else size)
-     before it is renamed to its real name. Nothing half-written ever has a final name.
-  6. Streams every *.safetensors through runai-model-streamer on the CPU; reports read GB/s.
+  5. Parallel ranged GETs across and within files into DEST/.nodewarm/partial/ (resumable per part:
+     a part is resumed only if its bytes still match the CRC journaled with it), retries with backoff;
+     each file is fsynced and verified (S3 checksum, else MD5 ETag) before it is renamed to its real
+     name, and fetched again (up to 3 downloads) when it does not match. An object with neither
+     (SSE-KMS without checksums) gets its SHA-256 recorded and is reported as NOT verified.
+     Nothing half-written ever has a final name.
+  6. Streams every *.safetensors through runai-model-streamer on the CPU, tuned like the vLLM pod's
+     loader (--streamer-*); reports read GB/s. A model with no *.safetensors fails (NoSafetensors).
 A summary (per-phase seconds, bytes, throughput) is written to DEST/.nodewarm/summary.json.
 
 Environment: the standard AWS variables, read by boto3: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3),
@@ -45,7 +51,8 @@ AWS_DEFAULT_REGION, AWS_CA_BUNDLE; on EKS the node role or Pod Identity supplies
 Exit status: 0 only when every object is present and verified in DEST (and loads, unless
 --skip-load-check); 1 with a one-line "Reason: message" on stderr otherwise (reasons:
 NotInstanceStore, InsufficientNVMe, S3AccessDenied, S3ObjectMissing, ObjectChanged, S3Unavailable,
-VerifyFailed, LoadCheckFailed, LoadCheckUnavailable, LocalWriteFailed, InvalidModelSource);
+VerifyFailed, NoSafetensors, LoadCheckFailed, LoadCheckUnavailable, LocalWriteFailed, UnsafePath,
+InvalidModelSource);
 2 for bad usage. A rerun with nothing changed transfers no object bytes.
 
 Example:
@@ -95,11 +102,16 @@ def _add_weights(bsub) -> None:
                       help="skip keys whose name or relative path match (repeatable)")
     tune.add_argument("--skip-load-check", action="store_true",
                       help="do not stream the safetensors through runai-model-streamer")
+    tune.add_argument("--streamer-concurrency", type=_positive_int, metavar="N",
+                      help="load check: the streamer concurrency the vLLM pod uses (model-loader-extra-config)")
+    tune.add_argument("--streamer-chunk-bytes", type=_positive_int, metavar="BYTES",
+                      help="load check: the vLLM pod's RUNAI_STREAMER_CHUNK_BYTESIZE")
     p.set_defaults(func=_run_weights)
 
 
 def _weights_config(args: argparse.Namespace):
     from .weights import WeightsConfig
+    from .weights.loadcheck import StreamerTuning
 
     overrides: dict = {
         "request_timeout_s": args.request_timeout,
@@ -116,6 +128,7 @@ def _weights_config(args: argparse.Namespace):
         uri=args.uri, dest=args.dest, allow_non_nvme=args.allow_non_nvme, mount_wait_s=args.mount_wait,
         headroom=Headroom(minimum_bytes=int(args.headroom_gib * GiB)), pull_overrides=overrides,
         load_check=not args.skip_load_check, exclude=tuple(args.exclude),
+        streamer=StreamerTuning(args.streamer_concurrency, args.streamer_chunk_bytes),
     )
 
 

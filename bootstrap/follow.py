@@ -29,6 +29,7 @@ from nodewarm.generation import GENERATION_LABEL
 
 from . import agent, profilesource
 from .nodestatus import report_warm
+from .weights.loadcheck import StreamerTuning
 
 log = logs.get("bootstrap.follow")
 
@@ -49,6 +50,15 @@ class FollowOptions:
     watch_timeout_s: int = 300
     poll_s: float = 10.0            # waiting for a missing profile, or for old pods to leave
     retry_s: float = 300.0          # a failed warm is tried again after this, or at once on a profile change
+    state_dir: Path | None = None   # launcher failure records in, agent-result.json out
+
+
+def streamer_tuning(p) -> StreamerTuning:
+    """The load check streams like the vLLM pod will (nodeclasses.vllm renders the same two values)."""
+    from nodewarm.nodeclasses.vllm import streamer_chunk_bytes
+
+    concurrency = p.concurrency if p.model.size_gb is not None else None
+    return StreamerTuning(concurrency, streamer_chunk_bytes(p))
 
 
 def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentConfig:
@@ -59,7 +69,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentC
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
-        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation)
+        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, streamer=streamer_tuning(p),
+        state_dir=opts.state_dir)
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:

@@ -13,3 +13,5 @@ CACHE_ANNOTATION = "nodewarm.io/compile-cache"
 CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
 TIMELINE_ANNOTATION = "nodewarm.io/timeline"
 WEIGHTS_ANNOTATION = "nodewarm.io/weights"
+# Set by the node agent when the launcher failed before it started (what failed, when): see bootstrap/launchrecord.py.
+LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"

@@ -28,6 +28,11 @@ from .podlayout import CACHE_MOUNT, MODEL_MOUNT, cache_dirs, model_path
 GIB = 2**30
 
 
+def streamer_chunk_bytes(p: WarmProfile) -> int:
+    """RUNAI_STREAMER_CHUNK_BYTESIZE of the pod; the node's load check is tuned with the same value."""
+    return int(p.serving.chunk_size_gb * GIB)
+
+
 def model_loader_extra_config(p: WarmProfile) -> dict:
     cfg: dict = {"concurrency": p.concurrency}
     if p.serving.tensor_parallel_size > 1:
@@ -57,7 +62,7 @@ def env(p: WarmProfile) -> list[dict]:
     s = p.serving
     d = cache_dirs(CACHE_MOUNT)
     return [
-        {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(int(s.chunk_size_gb * GIB))},
+        {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(streamer_chunk_bytes(p))},
         {"name": "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS", "value": str(s.s3_request_timeout_ms)},
         {"name": "RUNAI_STREAMER_S3_LOW_SPEED_LIMIT", "value": str(s.s3_low_speed_limit)},
         {"name": "XDG_CACHE_HOME", "value": str(d["xdg"])},

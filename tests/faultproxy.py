@@ -8,7 +8,8 @@ Actions: ``Reply(status, code)`` answers with an S3 error without asking the ser
 ``Truncate(after)`` and ``Stall(after, seconds)`` forward the request and then, ``after`` bytes into the
 response body, send a TCP RST, close cleanly, or go silent. ``Trickle(rate)`` relays at a crawl and
 ``Corrupt(at)`` flips one body byte.
-``Hook(fn)`` runs ``fn(request)`` (e.g. delete the object) and then forwards.
+``Hook(fn)`` runs ``fn(request)`` (e.g. delete the object) and then forwards. ``Headers(set, drop)``
+forwards and rewrites the response's headers (e.g. what an SSE-KMS object's HEAD says).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ class Corrupt:
 @dataclass
 class Hook:
     fn: Callable[[Request], None]
+
+
+@dataclass
+class Headers:
+    set: dict = field(default_factory=dict)    # name -> value, added or replacing
+    drop: tuple = ()                           # lower-case names removed
 
 
 _REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 500: "Internal Server Error",
@@ -187,6 +194,10 @@ class FaultProxy:
             rhead, rest = resp.split(b"\r\n\r\n", 1)
             # Keep the client's connection alive: drop the server's "Connection: close".
             rlines = [l for l in rhead.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+            if isinstance(action, Headers):
+                gone = {n.lower().encode() for n in (*action.drop, *action.set)}
+                rlines = [rlines[0]] + [l for l in rlines[1:] if l.split(b":", 1)[0].strip().lower() not in gone]
+                rlines += [f"{k}: {v}".encode() for k, v in action.set.items()]
             conn.sendall(b"\r\n".join(rlines) + b"\r\n\r\n")
             sent = 0
             data = rest

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from agent_fixtures import agent_rbac, node_kubeconfig, profile_doc, warmprofile  # noqa: F401  (fixtures)
-from bootstrap_fixtures import model_files, put_model
+from bootstrap_fixtures import model_files, proxy, put_model  # noqa: F401
 from nodewarm import generation, profile
+from test_userdata_launch import BUCKET, aws_path, bucket, run_launch  # noqa: F401
 from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.controller.kube import NODES
@@ -31,7 +32,8 @@ def run_agent(kube, tmp_path, name, *extra):
     mount = tmp_path / "nvme"
     mount.mkdir(exist_ok=True)
     return main(["bootstrap", "run", "--profile", name, "--mount", str(mount), "--node-name", NODE,
-                 "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once", *extra])
+                 "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once",
+                 "--state-dir", str(tmp_path / "state"), *extra])
 
 
 def warm_condition(k):
@@ -106,3 +108,47 @@ def test_without_the_rendered_rbac_the_node_cannot_read_profiles(kube, admin, k,
     finally:
         saved.metadata.resource_version = None
         rbac.create_cluster_role_binding(saved)
+
+
+def test_an_unreadable_runtime_file_is_reported_not_raised(kube, aws_env, node, tmp_path, capsys):
+    (tmp_path / "runtime.json").write_text("{not json")
+    rc = run_agent(kube, tmp_path, "agent-rt", "--runtime", str(tmp_path / "runtime.json"))
+    assert rc == 1 and "InvalidArgument" in capsys.readouterr().err
+    cond = warm_condition(node)  # said on the node too: it would otherwise sit tainted with no reason
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidArgument") and "--runtime" in cond["message"]
+
+
+def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(kube, s3, proxy, node, warmprofile,
+                                                                              tmp_path, capsys):
+    from faultproxy import Headers
+
+    uri = put_model(s3, model_files(shards=1, mib_per_shard=1))
+    warmprofile(profile_doc("agent-ie", uri, **{"bootstrap.allowNonNvme": True}))
+    # A HEAD answer without Content-Length: nothing nodewarm has a reason for (a KeyError deep inside).
+    proxy.rule = lambda r: Headers(drop=("content-length",)) if r.method == "HEAD" else None
+    rc = run_agent(kube, tmp_path, "agent-ie", "--json")
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and (out["warm"], out["reason"]) == (False, "InternalError")
+    cond = warm_condition(node)
+    assert (cond["status"], cond["reason"]) == ("False", "InternalError") and "KeyError" in cond["message"]
+    written = json.loads((tmp_path / "state" / "agent-result.json").read_text())
+    assert written["reason"] == "InternalError" and "KeyError" in written["message"]
+
+
+@pytest.mark.s3
+def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env, node, warmprofile, tmp_path, capsys,
+                                                                  bucket, aws_path):
+    # The real launcher fails to fetch its artifact (the unit will retry) and leaves its record ...
+    failed = run_launch(tmp_path, aws_env, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
+    assert failed.returncode == 1 and (tmp_path / "state" / "launch-failure").exists()
+    # ... which the agent, started by a later attempt, reports on the node before warming.
+    uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
+    warmprofile(profile_doc("agent-lf", uri, **{"bootstrap.allowNonNvme": True}))
+    assert run_agent(kube, tmp_path, "agent-lf", "--json") == 0
+    timeline = json.loads(capsys.readouterr().out)["timeline"]
+    ann = node.get(NODES, NODE)["metadata"]["annotations"]
+    launch = json.loads(ann["nodewarm.io/launch-failure"])
+    assert launch["reason"] == "ArtifactFetchFailed" and "absent/artifact.tar.gz" in launch["message"]
+    assert timeline["launch_failed"] == launch["time"]
+    assert not (tmp_path / "state" / "launch-failure").exists()  # reported once
+    assert warm_condition(node)["status"] == "True"

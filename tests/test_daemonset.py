@@ -85,7 +85,7 @@ def test_nodepool_names_that_cannot_name_the_daemonset_are_refused(pool):
 
 @pytest.mark.kube
 def test_the_apiserver_accepts_it_and_rbac_holds(kube):
-    from kubernetes import client, utils
+    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     admin = kube.api_client()
@@ -93,8 +93,10 @@ def test_the_apiserver_accepts_it_and_rbac_holds(kube):
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="nodewarm-ds-test")))
     # v1.20 serves no ValidatingAdmissionPolicy; test_admission_policy evaluates its CEL.
     docs = render(namespace="nodewarm-ds-test", nodepool="gpu-ds-test", with_admission_policy=False)[1:]
-    for doc in docs:
-        utils.create_from_dict(admin, doc)
+    # Applied, not created: the cluster-scoped ClusterRole may already exist from another test (or profile).
+    from nodewarm.kubeapply import apply
+
+    apply(admin, docs)
     stored = client.AppsV1Api(admin).read_namespaced_daemon_set("nodewarm-bootstrap-gpu-ds-test", "nodewarm-ds-test")
     assert stored.spec.template.spec.containers[0].security_context.privileged is False
     assert stored.spec.template.spec.volumes[0].host_path.type == "Directory"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import zlib
 
 import pytest
@@ -94,6 +95,30 @@ def test_local_manifest_round_trip_and_rejects_other_uris_or_garbage(tmp_path):
     assert manifest.load_local(tmp_path / "absent.json", "s3://b/m/").entries == {}
 
 
+def test_another_uris_files_are_planned_for_removal_and_unsafe_paths_never_are(tmp_path):
+    path = tmp_path / "manifest.json"
+    paths = ["a", "sub/b", "/etc/passwd", "../../x", "sub/../../y", "./c", ".nodewarm/manifest.json", ""]
+    manifest.save_local(path, LocalManifest("s3://b/old/", {p: entry(obj("a")) for p in paths}))
+    raw = json.loads(path.read_text())
+    for e, p in zip(raw["files"], sorted(paths)):
+        e["rel_path"] = p  # entry() names every file "a": give each its own path, as a hand-edited file would
+    path.write_text(json.dumps(raw))
+    new = manifest.load_local(path, "s3://b/new/")
+    assert new.entries == {} and new.previous == ("a", "sub/b")
+    plan = manifest.plan([obj("a")], new, {})
+    assert plan.remove == ("sub/b",) and [f.why for f in plan.fetch] == ["new"]  # "a" is overwritten, not removed
+    assert set(manifest.load_local(path, "s3://b/old/").entries) == {"a", "sub/b"}
+
+
+def test_a_launch_failure_record_is_read_as_written_and_damage_is_contained():
+    from nodewarm.bootstrap import launchrecord
+
+    rec = launchrecord.parse("reason=ArtifactFetchFailed\nstatus=1\ntime=2026-11-30T19:00:00Z\n\nfatal error:\n  403\n")
+    assert rec == launchrecord.LaunchFailure("ArtifactFetchFailed", 1, "2026-11-30T19:00:00Z", "fatal error: 403")
+    odd = launchrecord.parse("reason=<script>\nstatus=x\n")
+    assert (odd.reason, odd.status, odd.message) == ("LaunchFailed", -1, "(no message)")
+
+
 # --- verify: which evidence, and that it catches a flipped byte ---------------------------------------
 
 
@@ -101,7 +126,7 @@ def b64(d: bytes) -> str:
     return base64.b64encode(d).decode()
 
 
-def test_method_prefers_checksum_then_md5_etag_then_size():
+def test_method_prefers_checksum_then_md5_etag_and_never_calls_size_verified():
     data = b"x" * 100
     crc = b64(zlib.crc32(data).to_bytes(4, "big"))
     md5 = hashlib.md5(data).hexdigest()
@@ -109,9 +134,9 @@ def test_method_prefers_checksum_then_md5_etag_then_size():
     assert verify.method_for(with_crc).name == "checksum-crc32"
     assert verify.method_for(RemoteObject("k", "k", 100, md5)).name == "etag-md5"
     kms = RemoteObject("k", "k", 100, "0123abcd", encrypted_etag=True)
-    assert verify.method_for(kms).name == "size"
+    assert verify.method_for(kms).name == verify.UNVERIFIED and verify.method_for(kms).expected is None
     # a multipart ETag without part 1's size cannot be recomputed
-    assert verify.method_for(RemoteObject("k", "k", 100, md5 + "-3")).name == "size"
+    assert verify.method_for(RemoteObject("k", "k", 100, md5 + "-3")).name == verify.UNVERIFIED
 
 
 def test_multipart_etag_and_composite_checksum_are_recomputed_per_part(tmp_path):

@@ -392,3 +392,23 @@ def test_strict_crd_check_fails_closed_on_an_apiversion_no_crd_describes():
     assert "pass its CRD file" in report["Widget/w"][0]
     # Built-in kinds (the vLLM Deployment, Service, RBAC) are the API server's to check: still no error.
     assert {d["kind"] for d in docs} >= {"Deployment", "Service"}
+
+
+def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
+    """The DaemonSet agent (image with torch) runs the load check with the streamer settings the vLLM pod gets,
+    taken from the same WarmProfile it reads at boot."""
+    from pathlib import Path
+
+    from nodewarm.bootstrap import follow, profilesource
+
+    docs = rendered(v("automode", spec__serving__chunkSizeGB=2))
+    c = container(docs)
+    want_concurrency = json.loads(next(a for a in c["args"] if a.startswith("--model-loader-extra-config="))
+                                  .split("=", 1)[1])["concurrency"]
+    want_chunk = int(next(e["value"] for e in c["env"] if e["name"] == "RUNAI_STREAMER_CHUNK_BYTESIZE"))
+    agent = by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert "--skip-load-check" not in agent["args"]
+    resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
+    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
+    assert cfg.load_check and (cfg.streamer.concurrency, cfg.streamer.chunk_bytes) == (want_concurrency, want_chunk)
+    assert want_chunk == 2 * 2**30

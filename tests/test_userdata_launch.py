@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from nodewarm.bootstrap import launchrecord
 from nodewarm.userdata.al2023 import render_script
 from nodewarm.userdata.launch import BootstrapLaunch
+from nodewarm.userdata.package import launcher
 
 BUCKET = "nodewarm-launch-test"
 
@@ -28,11 +30,10 @@ def launch_script(uri: str, sha256: str) -> str:
     return match.group(1) + "\n"
 
 
-def tiny_artifact() -> bytes:
-    """A stand-in artifact whose bin/nodewarm echoes its arguments."""
+def tiny_artifact(body: bytes = b'#!/bin/sh\necho "ran: $*"\n') -> bytes:
+    """A stand-in artifact whose bin/nodewarm echoes its arguments (or is ``body``)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        body = b'#!/bin/sh\necho "ran: $*"\n'
         info = tarfile.TarInfo("bin/nodewarm")
         info.size, info.mode = len(body), 0o755
         tar.addfile(info, io.BytesIO(body))
@@ -72,6 +73,7 @@ def run_launch(tmp_path: Path, s3, aws_path: str, uri: str, sha256: str) -> subp
     script = tmp_path / "nodewarm-launch"
     script.write_text(launch_script(uri, sha256))
     env = {**os.environ, **s3.env(), "PATH": aws_path, "NODEWARM_ROOT": str(tmp_path / "opt"),
+           "NODEWARM_STATE_DIR": str(tmp_path / "state"),
            "NODEWARM_ARTIFACT_URI": uri, "NODEWARM_ARTIFACT_SHA256": sha256}
     return subprocess.run(["bash", str(script), "bootstrap", "run", "--profile", "p"], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -87,6 +89,8 @@ def test_a_wrong_sha256_is_refused_and_nothing_runs(tmp_path, s3, bucket, aws_pa
     assert "refusing" in run.stderr and hashlib.sha256(blob).hexdigest() in run.stderr and pinned in run.stderr
     assert "ran:" not in run.stdout
     assert os.listdir(tmp_path / "opt" / "artifacts") == []      # nothing unpacked, no partial download left
+    record = launchrecord.read(tmp_path / "state")               # for the agent to report when it can
+    assert (record.reason, record.status) == ("ArtifactRejected", 3) and pinned in record.message
 
 
 @pytest.mark.s3
@@ -103,6 +107,7 @@ def test_the_pinned_artifact_runs_and_is_not_fetched_again(tmp_path, s3, bucket,
     second = run_launch(tmp_path, s3, aws_path, uri, sha)
     assert second.returncode == 0 and second.stdout == first.stdout, second.stderr
     assert os.listdir(tmp_path / "opt" / "artifacts") == [sha]
+    assert launchrecord.read(tmp_path / "state") is None          # nothing failed: nothing to report
 
 
 @pytest.mark.s3
@@ -110,6 +115,21 @@ def test_a_missing_artifact_fails_with_a_retryable_status(tmp_path, s3, bucket, 
     run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
     assert run.returncode not in (0, 2, 3), run      # 2 and 3 stop the unit's restarts
     assert os.listdir(tmp_path / "opt" / "artifacts") == []
+    record = launchrecord.read(tmp_path / "state")
+    assert record.reason == "ArtifactFetchFailed" and f"s3://{BUCKET}/absent/artifact.tar.gz" in record.message
+    assert record.status == run.returncode and record.time.endswith("Z")
+
+
+@pytest.mark.s3
+def test_a_python_that_cannot_be_installed_is_recorded_for_the_agent(tmp_path, s3, bucket, aws_path):
+    # The real bin/nodewarm of an artifact, for a Python this host lacks and cannot install (no dnf here).
+    blob = tiny_artifact(launcher("9.99", "any").encode())
+    uri = f"s3://{BUCKET}/nopython/artifact.tar.gz"
+    bucket.put_object(Bucket=BUCKET, Key="nopython/artifact.tar.gz", Body=blob)
+    run = run_launch(tmp_path, s3, aws_path, uri, hashlib.sha256(blob).hexdigest())
+    assert run.returncode == 4, run                  # retried by the unit: a repository can come back
+    record = launchrecord.read(tmp_path / "state")
+    assert record.reason == "PythonUnavailable" and "python9.99" in record.message
 
 
 def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it():

@@ -7,7 +7,9 @@ owners and times, normalised modes, single-threaded zstd), so the archive's sha2
 Extraction trusts nothing in the archive even after the signature checked out (a signing key can
 leak): it refuses absolute names, ``..``, links leaving the root, devices and FIFOs, duplicate names,
 oversize entries and too many files, and writes into a staging folder that ``install`` then renames
-into place, so a half-extracted cache is never visible to vLLM.
+into place, so a half-extracted cache is never visible to vLLM. The install walks the cache tree
+through directory fds opened with O_NOFOLLOW: the serving pod can write there, and a link it leaves
+is never followed by this root process.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import zstandard
 
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
+
+from .. import confined
+from ..localwrite import write_error
 
 log = logs.get("bootstrap.compilecache")
 
@@ -65,6 +70,9 @@ class CacheDirs:
     inductor: Path | None = None
     triton: Path | None = None
     pch: Path | None = None
+    # The trusted folder the roots lie in (the node agent's: the serving pod's compile-cache hostPath).
+    # Its contents are the pod's to change, so restore follows no link below it and stages beside it.
+    base: Path | None = None
 
     def roots(self) -> dict[str, Path]:
         """Root name -> directory, for the roots this node uses."""
@@ -255,40 +263,92 @@ def extract(archive: Path, dest: Path, limits: Limits = Limits()) -> ExtractResu
         except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
             raise UnsafeArchive(f"{archive.name} is not a readable tar.zst bundle: {e}") from None
         except OSError as e:
-            raise NodewarmError(f"cannot extract {archive.name} into {dest}: {e}", reason="ExtractFailed") from None
+            raise write_error(e, e.filename or dest) from None
     return ExtractResult(tuple(sorted(roots)), files, total)
 
 
-def _merge(src: Path, dst: Path) -> tuple[int, int]:
-    """Move src into dst by rename; keep whatever dst already has (entries are content-keyed)."""
-    if not dst.exists() and not dst.is_symlink():
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _copy_in(src_fd: int, name: str, dst_fd: int, dst_name: str) -> None:
+    """Copy ``name`` (file, link or tree) from src_fd to dst_fd, creating only, following no link."""
+    st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(name, dir_fd=src_fd), dst_name, dir_fd=dst_fd)
+    elif stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst_name, 0o755, dir_fd=dst_fd)
+        sfd = os.open(name, _NOFOLLOW_DIR, dir_fd=src_fd)
         try:
-            os.rename(src, dst)
+            dfd = os.open(dst_name, _NOFOLLOW_DIR, dir_fd=dst_fd)
+            try:
+                for child in sorted(os.listdir(sfd)):
+                    _copy_in(sfd, child, dfd, child)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+    elif stat.S_ISREG(st.st_mode):
+        sfd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
+        try:
+            dfd = os.open(dst_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          stat.S_IMODE(st.st_mode), dir_fd=dst_fd)
+            try:
+                with open(sfd, "rb", closefd=False) as fin, open(dfd, "wb", closefd=False) as fout:
+                    shutil.copyfileobj(fin, fout, 1 << 20)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
+
+def _merge(src_fd: int, src_name: str, dst_fd: int, name: str) -> tuple[int, int]:
+    """Move ``src_name`` from src_fd to ``name`` in dst_fd by rename; keep whatever dst already has (entries are
+    content-keyed). Everything is relative to directory fds opened with O_NOFOLLOW: a link a pod put in
+    the cache tree is an entry to keep, never a way out of it."""
+    try:
+        dst = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        try:
+            os.rename(src_name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         except OSError as e:
             if e.errno != errno.EXDEV:
                 raise
             # Another filesystem: copy next to the target first so the last step is still a rename.
-            tmp = dst.with_name(f".{dst.name}.nodewarm-{os.getpid()}")
-            if src.is_dir() and not src.is_symlink():
-                shutil.copytree(src, tmp, symlinks=True)
-            else:
-                shutil.copy2(src, tmp, follow_symlinks=False)
-            os.rename(tmp, dst)
+            tmp = f".{name}.nodewarm-{os.getpid()}"
+            _copy_in(src_fd, src_name, dst_fd, tmp)
+            os.rename(tmp, name, src_dir_fd=dst_fd, dst_dir_fd=dst_fd)
         return 1, 0
-    if src.is_dir() and not src.is_symlink() and dst.is_dir() and not dst.is_symlink():
-        moved = kept = 0
-        for child in sorted(src.iterdir()):
-            m, k = _merge(child, dst / child.name)
-            moved, kept = moved + m, kept + k
-        return moved, kept
-    return 0, 1
+    src = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
+    if not (stat.S_ISDIR(src.st_mode) and stat.S_ISDIR(dst.st_mode)):
+        return 0, 1
+    sfd = os.open(src_name, _NOFOLLOW_DIR, dir_fd=src_fd)
+    try:
+        try:
+            dfd = os.open(name, _NOFOLLOW_DIR, dir_fd=dst_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                return 0, 1  # swapped for a link since the stat: keep it, follow nothing
+            raise
+        try:
+            moved = kept = 0
+            for child in sorted(os.listdir(sfd)):
+                m, k = _merge(sfd, child, dfd, child)
+                moved, kept = moved + m, kept + k
+            return moved, kept
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
 
 
-def install(staged: Path, roots: Mapping[str, Path]) -> dict[str, tuple[int, int]]:
+def install(staged: Path, roots: Mapping[str, Path], base: Path | None = None) -> dict[str, tuple[int, int]]:
     """Rename each extracted root from the staging dir into its place.
 
     A missing target root moves in with one atomic rename. An existing one gets the bundle's
     entries merged in by rename, each atomically, never overwriting a file already there.
+    ``base`` is the trusted directory the roots lie in (the agent's: the compile-cache hostPath, whose
+    contents a pod can change); below it no symlink is followed, and one in place of a root's folder
+    fails with UnsafePath. Without ``base`` each root's parent is trusted as given.
     Returns root name -> (entries moved, entries kept).
     """
     result = {}
@@ -296,8 +356,19 @@ def install(staged: Path, roots: Mapping[str, Path]) -> dict[str, tuple[int, int
         src = staged / name
         if not src.is_dir():
             continue
-        dst = Path(roots[name])
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        result[name] = _merge(src, dst)
+        root = Path(os.path.abspath(roots[name]))
+        trusted = Path(os.path.abspath(base)) if base is not None else root.parent
+        if trusted != root.parent and trusted not in root.parents:
+            raise ValueError(f"cache root {root} is not inside {trusted}")
+        trusted.mkdir(parents=True, exist_ok=True)  # trusted by the caller: the walk below it follows nothing
+        rel = root.relative_to(trusted)
+        dst_fd = confined.open_dir(trusted, rel.parts[:-1], create=True)
+        try:
+            src_fd = os.open(staged, _NOFOLLOW_DIR)
+            try:
+                result[name] = _merge(src_fd, name, dst_fd, rel.name)
+            finally:
+                os.close(src_fd)
+        finally:
+            os.close(dst_fd)
     return result
-

@@ -21,6 +21,7 @@ from pathlib import Path
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
+from ..localwrite import write_error
 from ..s3client import RetryPolicy, S3ObjectMissing, S3Uri, call_with_retries, make_client
 
 log = logs.get("bootstrap.compilecache")
@@ -114,10 +115,20 @@ class CacheStore:
             # Pinned to the ETag we sized, so a replaced object fails instead of being mixed in.
             resp = self.client.get_object(Bucket=self.uri.bucket, Key=key, IfMatch=head["ETag"])
             n = 0
-            with open(dest, "wb") as f:
+            try:
+                out = open(dest, "wb", buffering=0)
+            except OSError as e:
+                raise write_error(e, dest) from e
+            with out:
                 for chunk in resp["Body"].iter_chunks(1 << 20):
                     n += len(chunk)
-                    f.write(chunk)
+                    view = memoryview(chunk)
+                    try:
+                        # Unbuffered: a full disk fails here as a local error, not as a retried S3 read.
+                        while view:
+                            view = view[out.write(view):]
+                    except OSError as e:
+                        raise write_error(e, dest) from e
             return n
         return self._call(fetch, "GET", key)
 

@@ -5,8 +5,10 @@ mismatched, unsigned, tampered or unsafe bundle yields ``status="cold"`` with a 
 message for the node condition, and the node still warms its weights.
 
 Order of trust: the envelope's signature (profile verify key) -> every factor in the manifest equals
-this node's -> the downloaded archive's size and sha256 equal the signed ones -> each archive entry
-is safe -> extracted into a staging dir next to the caches -> renamed into place.
+this node's -> enough free space for the archive and what it unpacks to -> the downloaded archive's
+size and sha256 equal the signed ones -> each archive entry is safe -> extracted into a staging dir on
+the caches' filesystem (beside the pod-writable folder, not in it) -> renamed into place without
+following any link. A local write failure is InsufficientNVMe or LocalWriteFailed, never an S3 reason.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
+from ..localwrite import write_error
+from ..weights import capacity
 from . import bundle, cachekey, hitcheck, signing
 from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri, runtime_key
 
@@ -51,6 +55,9 @@ class CacheKeyMismatch(NodewarmError):
 class RestoreSettings:
     limits: bundle.Limits = bundle.Limits()
     max_archive_bytes: int = 32 << 30
+    # On top of the archive plus what it unpacks to (both are on disk while it extracts); the node's own
+    # margin was kept when the weights were pulled.
+    headroom: capacity.Headroom = capacity.Headroom(fraction=0.05, minimum_bytes=64 << 20)
 
 
 @dataclass(frozen=True)
@@ -144,30 +151,50 @@ def _download_verified(store: CacheStore, manifest: cachekey.BundleManifest, des
                                      f"the signed manifest says {manifest.size} bytes, {manifest.sha256}")
 
 
-def _staging_parent(roots: Mapping[str, Path]) -> Path:
-    # Next to the caches, so the final step is a rename on the same filesystem.
-    first = Path(roots[sorted(roots)[0]])
-    first.parent.mkdir(parents=True, exist_ok=True)
-    return first.parent
+def _staging_parent(roots: Mapping[str, Path], base: Path | None) -> Path:
+    # On the caches' filesystem, so the final step is a rename. Beside the pod-writable base, not in it:
+    # a pod must not reach into what is being extracted.
+    parent = Path(base).parent if base is not None else Path(roots[sorted(roots)[0]]).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def _check_space(where: Path, manifest: cachekey.BundleManifest, headroom: capacity.Headroom) -> None:
+    need = manifest.size + manifest.unpacked_bytes
+    try:
+        capacity.check_fits(capacity.free_space(str(where)), need, headroom)
+    except capacity.InsufficientNVMe as e:
+        raise capacity.InsufficientNVMe(f"compile-cache bundle {manifest.blob_key} ({manifest.size} bytes, "
+                                        f"{manifest.unpacked_bytes} unpacked) does not fit: {e}") from None
 
 
 def restore(store: CacheStore, factors: cachekey.Factors, roots: Mapping[str, Path],
-            verify_key: Ed25519PublicKey, settings: RestoreSettings = RestoreSettings()) -> RestoreResult:
-    """Find, verify, extract and install the bundle for this node; never raises for cache problems."""
+            verify_key: Ed25519PublicKey, settings: RestoreSettings = RestoreSettings(),
+            base: Path | None = None) -> RestoreResult:
+    """Find, verify, extract and install the bundle for this node; never raises for cache problems.
+    ``base``: the trusted folder holding the roots (CacheDirs.base); nothing below it is followed."""
     if not roots:
         raise ValueError("restore needs at least one cache root")
     start = time.monotonic()
     roots = {n: Path(p) for n, p in roots.items()}
     try:
         manifest = choose(store, factors, verify_key)
-        staging = Path(tempfile.mkdtemp(prefix=".nodewarm-restore-", dir=_staging_parent(roots)))
+        parent = _staging_parent(roots, base)
+        _check_space(parent, manifest, settings.headroom)
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".nodewarm-restore-", dir=parent))
+        except OSError as e:
+            raise write_error(e, parent) from e
         try:
             archive = staging / "bundle.tar.zst"
             _download_verified(store, manifest, archive, settings.max_archive_bytes)
             extracted = bundle.extract(archive, staging / "tree", settings.limits)
             wanted = {n: p for n, p in roots.items() if n in extracted.roots}
             skipped = sorted(set(extracted.roots) - set(wanted))
-            moved = bundle.install(staging / "tree", wanted)
+            try:
+                moved = bundle.install(staging / "tree", wanted, base)
+            except OSError as e:
+                raise write_error(e, e.filename or base or parent) from e
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     except NodewarmError as e:
@@ -208,7 +235,7 @@ def restore_for_node(uri: str, verify_key: str, spec: cachekey.ServingSpec, dirs
     except NodewarmError as e:
         return RestoreResult("cold", e.reason, " ".join(str(e).split()), baseline=hitcheck.snapshot(roots))
     factors = cachekey.build_factors(probe, spec, os.environ if env is None else env)
-    return restore(store, factors, roots, key, settings)
+    return restore(store, factors, roots, key, settings, dirs.base)
 
 
 class RuntimeUnknown(NodewarmError):

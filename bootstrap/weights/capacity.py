@@ -10,13 +10,10 @@ import os
 from dataclasses import dataclass
 
 from nodewarm import sizing
-from nodewarm.errors import NodewarmError
+
+from ..localwrite import InsufficientNVMe
 
 GiB = 1024**3
-
-
-class InsufficientNVMe(NodewarmError):
-    reason = "InsufficientNVMe"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Pure except for loading and saving the local manifest. The local manifest records, per file, the S3
 identity (ETag, VersionId, size, checksum) it was verified against and the file's size and mtime when
 we wrote it, so a restart on the same node plans nothing and an object replaced at the same key is
-fetched again.
+fetched again. Its paths are data the agent (root) unlinks and renames onto: every one is checked to be
+a plain relative path inside DEST before it is used (and confined.py never follows a link on the way).
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import posixpath
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
+from ..confined import UnsafePath, check_rel
 from ..s3client import S3Uri
+
+log = logs.get("bootstrap.weights")
 
 MANIFEST_VERSION = 1
 
@@ -75,6 +80,7 @@ class LocalEntry:
     checksum: str | None
     verified_by: str
     mtime_ns: int
+    sha256: str | None = None  # computed while downloading (hex); the only record when S3 had no checksum
 
     def same_object(self, obj: RemoteObject) -> bool:
         return (self.key, self.size, self.etag, self.version_id, self.checksum) == (
@@ -106,6 +112,9 @@ class Plan:
 class LocalManifest:
     uri: str
     entries: dict[str, LocalEntry] = field(default_factory=dict)
+    # Files an earlier run wrote for another model URI into the same DEST: removed unless the new model
+    # has a file of the same name, so vLLM never sees a mix of two models.
+    previous: tuple[str, ...] = ()
 
 
 def rel_path_for(key: str, prefix: str) -> str:
@@ -152,19 +161,38 @@ def plan(remote: list[RemoteObject], local: LocalManifest, on_disk: dict[str, tu
         else:
             keep.append(obj)
     wanted = {o.rel_path for o in remote}
-    remove = tuple(sorted(p for p in local.entries if p not in wanted))
+    remove = tuple(sorted(p for p in set(local.entries) | set(local.previous) if p not in wanted))
     return Plan(tuple(fetch), tuple(keep), remove)
 
 
+def local_rel_path(rel: str) -> str:
+    """``rel`` when it may name a file of the model under DEST, else raise UnsafePath. Pure."""
+    check_rel(rel, "manifest path")
+    if rel.split("/", 1)[0] == ".nodewarm":
+        raise UnsafePath(f"manifest path {rel!r} is inside nodewarm's own .nodewarm/ folder")
+    return rel
+
+
 def load_local(path: Path, uri: str) -> LocalManifest:
-    """The manifest of an earlier run into the same DEST; empty when absent, unreadable or for another URI."""
+    """The manifest of an earlier run into the same DEST; empty when absent or unreadable. For another
+    URI its files become ``previous`` (to remove). Entries whose path is not a plain relative path inside
+    DEST are dropped (logged): nothing outside DEST is ever unlinked on a manifest's word."""
     try:
         doc = json.loads(path.read_text())
-        if doc.get("version") != MANIFEST_VERSION or doc.get("uri") != uri:
+        if doc.get("version") != MANIFEST_VERSION:
             return LocalManifest(uri)
-        return LocalManifest(uri, {e["rel_path"]: LocalEntry(**e) for e in doc["files"]})
-    except (OSError, ValueError, KeyError, TypeError):
+        entries = {}
+        for e in doc["files"]:
+            try:
+                entries[local_rel_path(e["rel_path"])] = LocalEntry(**e)
+            except UnsafePath as bad:
+                log.warning("weights.manifest.unsafe_entry", manifest=str(path), error=str(bad))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return LocalManifest(uri)
+    if doc.get("uri") != uri:
+        # Removed before this manifest is saved for the new URI: a crash in between finds the old one again.
+        return LocalManifest(uri, previous=tuple(sorted(entries)))
+    return LocalManifest(uri, entries)
 
 
 def save_local(path: Path, manifest: LocalManifest) -> None:

@@ -21,9 +21,11 @@ from typing import Iterator
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 
-from .. import s3client
+from .. import confined, s3client
+from ..localwrite import write_error
 from . import capacity, listing, manifest, mounts, s3pull
-from .loadcheck import check_loadable
+from .loadcheck import LoadCheckFailed, StreamerTuning, check_loadable
+from .verify import UNVERIFIED
 from .progress import Progress
 
 log = logs.get("bootstrap.weights")
@@ -44,6 +46,7 @@ class WeightsConfig:
     # Fields of s3pull.PullConfig to force; the rest derive from the model's size.
     pull_overrides: dict = field(default_factory=dict)
     load_check: bool = True
+    streamer: StreamerTuning = field(default_factory=StreamerTuning)  # as the vLLM pod's loader is set up
     exclude: tuple[str, ...] = ()
     progress_interval_s: float = 5.0
 
@@ -61,7 +64,8 @@ class WeightsSummary:
     downloaded_bytes: int = 0  # object bytes transferred by this run (resumed parts not counted)
     skipped: int = 0  # unchanged since an earlier run: not transferred
     changed: int = 0  # same key, new ETag/VersionId/checksum: transferred again
-    removed: int = 0  # gone from S3: deleted locally
+    removed: int = 0  # gone from S3, or files of a previous model URI: deleted locally
+    unverified: int = 0  # no S3 checksum or MD5 ETag to check against: SHA-256 recorded, not verified
     excluded: list[str] = field(default_factory=list)
     seconds: float = 0.0
     throughput_mb_s: float = 0.0  # downloaded_bytes over the download phase
@@ -138,10 +142,17 @@ def warm_weights(cfg: WeightsConfig) -> WeightsSummary:
     phase = _Phases(summary)
     start = time.monotonic()
     try:
-        _warm(cfg, dest, summary, phase)
+        try:
+            _warm(cfg, dest, summary, phase)
+        except OSError as e:
+            # S3's OSErrors are classified where they happen; one that gets here is the local disk's.
+            raise write_error(e, e.filename or dest) from e
         summary.ok, summary.reason = True, "WeightsReady"
-        summary.message = (f"{summary.files} files, {summary.bytes / 1e9:.2f} GB verified in {dest} "
+        summary.message = (f"{summary.files} files, {summary.bytes / 1e9:.2f} GB in {dest} "
                            f"({summary.downloaded_files} downloaded, {summary.skipped} unchanged)")
+        if summary.unverified:
+            summary.message += (f"; {summary.unverified} file(s) had no S3 checksum or MD5 ETag: SHA-256 "
+                                "recorded, NOT verified against S3 (upload them with a checksum algorithm)")
     except NodewarmError as e:
         summary.reason, summary.message = e.reason, str(e)
         e.summary = summary
@@ -164,8 +175,11 @@ def _write_summary(dest: Path, summary: WeightsSummary) -> None:
     if not state.is_dir():
         return  # failed before anything was written (e.g. not NVMe): create nothing
     tmp = state / (SUMMARY_FILE + ".tmp")
-    tmp.write_text(summary.to_json())
-    os.replace(tmp, state / SUMMARY_FILE)
+    try:
+        tmp.write_text(summary.to_json())
+        os.replace(tmp, state / SUMMARY_FILE)
+    except OSError as e:  # a full disk must not hide the failure being summarised
+        log.warning("weights.summary_not_written", error=str(e))
 
 
 def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phases) -> None:
@@ -182,6 +196,13 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
     summary.files, summary.bytes = len(objects), sum(o.size for o in objects)
     log.info("weights.listed", uri=str(uri), files=summary.files, bytes=summary.bytes,
              excluded=len(summary.excluded))
+    tensors = [o.rel_path for o in objects if o.rel_path.endswith(".safetensors")]
+    if cfg.load_check and not tensors:
+        # vLLM's runai_streamer load format reads only safetensors: fail now, not after the download.
+        raise LoadCheckFailed(f"{uri} has no *.safetensors file (listed: {', '.join(o.rel_path for o in objects[:8])}"
+                              f"{', ...' if len(objects) > 8 else ''}); vLLM's runai_streamer loader reads only "
+                              "safetensors: convert the model or point --uri at its safetensors export",
+                              reason="NoSafetensors")
 
     state = dest / STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
@@ -190,9 +211,11 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             local = manifest.load_local(state / MANIFEST_FILE, str(uri))
             plan = manifest.plan(objects, local, _on_disk(dest, {o.rel_path for o in objects} | set(local.entries)))
             for rel in plan.remove:
-                (dest / rel).unlink(missing_ok=True)
-                del local.entries[rel]
+                confined.unlink(dest, rel)  # never through a link: the path came from a file on disk
+                local.entries.pop(rel, None)
+            local.previous = ()
             manifest.save_local(state / MANIFEST_FILE, local)
+            _discard_stale_partials(dest, {f.obj.rel_path for f in plan.fetch})
         summary.skipped, summary.changed, summary.removed = len(plan.keep), plan.changed, len(plan.remove)
         log.info("weights.plan", fetch=len(plan.fetch), fetch_bytes=plan.fetch_bytes, unchanged=len(plan.keep),
                  changed=plan.changed, removed=len(plan.remove),
@@ -216,12 +239,29 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             summary.throughput_mb_s = round(summary.downloaded_bytes / download_s / 1e6, 1)
 
     if cfg.load_check:
-        tensors = [dest / o.rel_path for o in objects if o.rel_path.endswith(".safetensors")]
         with phase("load_check"):
-            check = check_loadable(tensors)
+            check = check_loadable([dest / rel for rel in tensors], cfg.streamer)
         summary.load_check = {"files": check.files, "bytes": check.bytes, "seconds": round(check.seconds, 3),
-                              "gb_per_s": round(check.gb_per_s, 3)}
+                              "gb_per_s": round(check.gb_per_s, 3), "streamer": asdict(cfg.streamer)}
         log.info("weights.load_check", **summary.load_check)
+
+
+def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
+    """Remove partial files of objects this run will not fetch (deleted from S3, or complete since):
+    nothing else would ever remove them, and they hold their full preallocated size."""
+    root = dest / s3pull.PARTIAL_DIR
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        base = Path(dirpath)
+        for name in filenames:
+            rel = s3pull.partial_rel_path(str((base / name).relative_to(root)))
+            if rel not in fetching:
+                (base / name).unlink(missing_ok=True)
+                log.info("weights.partial_removed", file=str((base / name).relative_to(dest)))
+        for name in dirnames:
+            try:
+                (base / name).rmdir()
+            except OSError:
+                pass  # not empty: partials of a file still to fetch
 
 
 def _download(uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest.RemoteObject],
@@ -237,11 +277,12 @@ def _download(uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest
         entry = manifest.LocalEntry(rel_path=done.obj.rel_path, key=done.obj.key, size=done.obj.size,
                                     etag=done.obj.etag, version_id=done.obj.version_id,
                                     checksum=done.obj.checksum, verified_by=done.verified_by,
-                                    mtime_ns=st.st_mtime_ns)
+                                    mtime_ns=st.st_mtime_ns, sha256=done.sha256)
         with lock:
             local.entries[done.obj.rel_path] = entry
             manifest.save_local(state / MANIFEST_FILE, local)
             verified[done.verified_by] += 1
+            summary.unverified += done.verified_by == UNVERIFIED
             summary.downloaded_files += 1
             summary.downloaded_bytes += done.obj.size - done.resumed_bytes
             summary.fsync_s = round(summary.fsync_s + done.fsync_s, 3)

@@ -2,7 +2,11 @@
 
 Each file is split into parts; one shared pool of threads works through all parts of all files, so a
 model of one huge file and one of many shards both keep every connection busy. Finished parts are
-journaled next to the temp file, so a restart resumes at part granularity. A file becomes visible under
+journaled next to the temp file with the CRC of the bytes written, so a restart resumes at part
+granularity; a journaled part is trusted again only when its bytes still have that CRC (after a host
+crash the journal can be durable while the data is not: zero-filled ranges of the preallocated file).
+A torn journal line is ignored. A file that fails verification is fetched again, a bounded number of
+times. A file becomes visible under
 its real name only after fsync and verification (verify.py), by rename; nothing half-written ever has a
 final name. Whole-file hashes (MD5 ETags, SHA) are fed while the file downloads, from the page cache as
 the contiguous prefix grows, so verification finishes with the transfer instead of after it.
@@ -11,11 +15,11 @@ the contiguous prefix grows, so verification finishes with the transfer instead 
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import math
 import os
 import queue
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,24 +27,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from awscrt.checksums import crc32c
 
+from nodewarm import logs
+
+from .. import confined
+from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
-from .capacity import InsufficientNVMe
 from .manifest import RemoteObject
 from .progress import Progress
-from .verify import StreamHash, VerifyFailed, method_for, verify_file
+from .verify import UNVERIFIED, StreamHash, VerifyFailed, method_for, verify_file
 
 log = logs.get("bootstrap.weights")
 
 MiB = 1024**2
 READ_CHUNK = 1 * MiB
 PARTIAL_DIR = ".nodewarm/partial"
-
-
-class LocalWriteFailed(NodewarmError):
-    reason = "LocalWriteFailed"
+PART_SUFFIX, JOURNAL_SUFFIX = ".part", ".part.journal"
+# A journal line is "<part> <crc32c hex>\n"; anything else (a line torn by a crash) is ignored.
+_JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8})\n")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class PullConfig:
     low_speed_time_s: float = 10.0  # ... for this long: drop the connection and retry the part
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     verify_workers: int = 4
+    verify_attempts: int = 3  # downloads of one file whose bytes fail verification, before giving up
 
 
 def default_config(total_bytes: int, largest_bytes: int, cpus: int, **overrides) -> PullConfig:
@@ -76,11 +82,20 @@ class PulledFile:
     resumed_bytes: int
     fsync_s: float
     verify_s: float
+    sha256: str | None = None  # hex, recorded for files S3 gave no checksum for (verified_by UNVERIFIED)
 
 
 def partial_paths(dest: Path, rel_path: str) -> tuple[Path, Path]:
-    temp = dest / PARTIAL_DIR / (rel_path + ".part")
+    temp = dest / PARTIAL_DIR / (rel_path + PART_SUFFIX)
     return temp, temp.with_name(temp.name + ".journal")
+
+
+def partial_rel_path(name: str) -> str | None:
+    """The model file a name under PARTIAL_DIR belongs to (None: not one of ours)."""
+    for suffix in (JOURNAL_SUFFIX, PART_SUFFIX):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return None
 
 
 class _File:
@@ -92,21 +107,27 @@ class _File:
         self.lock = threading.Lock()
         self.header = {"key": obj.key, "etag": obj.etag, "version_id": obj.version_id, "size": obj.size,
                        "part_size": part_size}
-        done = self._load_journal()
-        if done is None:
-            done = set()
+        journaled = self._load_journal()
+        if journaled is None:
+            journaled = {}
             self._reset()
         self.part_size = self.header["part_size"]
         self.n_parts = math.ceil(obj.size / self.part_size)
-        self.done = {i for i in done if i < self.n_parts}
+        self.done = self._still_intact({i: c for i, c in journaled.items() if i < self.n_parts})
         self.missing = [i for i in range(self.n_parts) if i not in self.done]
         self.remaining = len(self.missing)
         self.resumed_bytes = sum(self.part_len(i) for i in self.done)
         self.method = method_for(obj)
         self.hash_lock = threading.Lock()
         self._start_hash()
-        self.fd = os.open(self.temp, os.O_RDWR)
-        self.journal = open(self.journal_path, "a")
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.fd = os.open(self.temp, os.O_RDWR)
+            self.journal = open(self.journal_path, "a")
+        except OSError as e:
+            raise write_error(e, self.temp) from e
 
     def _start_hash(self) -> None:
         self.stream = StreamHash(self.method) if StreamHash.applies(self.method) else None
@@ -147,33 +168,72 @@ class _File:
             self.finishing = True
             return True
 
-    def _load_journal(self) -> set[int] | None:
-        """Parts already on disk from an earlier run for the very same object version, else None."""
+    def _load_journal(self) -> dict[int, int] | None:
+        """Parts an earlier run journaled for the very same object version (part -> CRC32C), else None."""
         try:
-            lines = self.journal_path.read_text().splitlines()
+            lines = self.journal_path.read_text().splitlines(keepends=True)
+            if not lines[0].endswith("\n"):
+                return None
             header = json.loads(lines[0])
             if self.temp.stat().st_size != self.obj.size:
                 return None
         except (OSError, ValueError, IndexError):
             return None
-        if {k: header.get(k) for k in ("key", "etag", "version_id", "size")} != \
+        if not isinstance(header, dict) or {k: header.get(k) for k in ("key", "etag", "version_id", "size")} != \
                 {k: self.header[k] for k in ("key", "etag", "version_id", "size")}:
             return None
-        self.header["part_size"] = int(header["part_size"])  # resume needs the earlier layout
-        return {int(line) for line in lines[1:] if line.strip().isdigit()}
-
-    def _reset(self) -> None:
-        self.temp.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            if self.obj.size:
-                # Claim the space now: a full disk fails here, before any download, not midway.
-                os.posix_fallocate(fd, 0, self.obj.size)
-        except OSError as e:
-            raise _write_error(e, self.temp) from e
+            self.header["part_size"] = int(header["part_size"])  # resume needs the earlier layout
+        except (KeyError, TypeError, ValueError):
+            return None
+        if self.header["part_size"] < 1:
+            return None
+        return {int(m[1]): int(m[2], 16) for line in lines[1:] if (m := _JOURNAL_LINE.fullmatch(line))}
+
+    def _still_intact(self, journaled: dict[int, int]) -> set[int]:
+        """The journaled parts whose bytes still have the CRC written with them."""
+        if not journaled:
+            return set()
+        intact = set()
+        fd = os.open(self.temp, os.O_RDONLY)
+        try:
+            for i, want in sorted(journaled.items()):
+                got, off, left = 0, i * self.part_size, self.part_len(i)
+                while left:
+                    data = os.pread(fd, min(left, 8 * MiB), off)
+                    if not data:
+                        break
+                    got = crc32c(data, got)
+                    off, left = off + len(data), left - len(data)
+                if not left and got == want:
+                    intact.add(i)
         finally:
             os.close(fd)
-        self.journal_path.write_text(json.dumps(self.header) + "\n")
+        if len(intact) < len(journaled):
+            log.warning("weights.resume_parts_lost", file=self.obj.rel_path, journaled=len(journaled),
+                        intact=len(intact))
+        return intact
+
+    def _reset(self) -> None:
+        try:
+            self.temp.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                if self.obj.size:
+                    # Claim the space now: a full disk fails here, before any download, not midway.
+                    os.posix_fallocate(fd, 0, self.obj.size)
+            finally:
+                os.close(fd)
+            self.journal_path.write_text(json.dumps(self.header) + "\n")
+        except OSError as e:
+            raise write_error(e, self.temp) from e
+
+    def journal_part(self, i: int, crc: int) -> None:
+        try:
+            self.journal.write(f"{i} {crc:08x}\n")
+            self.journal.flush()
+        except OSError as e:
+            raise write_error(e, self.journal_path) from e
 
     def part_len(self, i: int) -> int:
         return min(self.part_size, self.obj.size - i * self.part_size)
@@ -187,8 +247,7 @@ class _File:
         self.remaining = len(self.missing)
         self.resumed_bytes = 0
         self._start_hash()
-        self.fd = os.open(self.temp, os.O_RDWR)
-        self.journal = open(self.journal_path, "a")
+        self._open()
 
     def close(self) -> None:
         # Idempotent: closing a stale fd number twice could close a socket that reused it.
@@ -196,12 +255,6 @@ class _File:
             os.close(self.fd)
             self.fd = -1
         self.journal.close()
-
-
-def _write_error(e: OSError, path: Path) -> NodewarmError:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return InsufficientNVMe(f"disk full while writing {path}: {e.strerror}")
-    return LocalWriteFailed(f"cannot write {path}: {e.strerror or e}")
 
 
 _sync_file_range = getattr(ctypes.CDLL(None), "sync_file_range", None)
@@ -216,14 +269,6 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         _sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(length), _SYNC_FILE_RANGE_WRITE)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _Pull:
     def __init__(self, client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
                  progress: Progress, on_file: Callable[[PulledFile], None]):
@@ -235,7 +280,7 @@ class _Pull:
         self.all_done = threading.Event()
         self.tasks: queue.Queue = queue.Queue()
         self.files: list[_File] = []
-        self.retried_verify: set[str] = set()
+        self.verify_failures: dict[str, int] = {}
         try:
             for obj in objects:
                 self.files.append(_File(obj, dest, config.part_size))
@@ -257,7 +302,8 @@ class _Pull:
         for f in self.files:
             f.close()
 
-    def _get_part(self, f: _File, i: int) -> None:
+    def _get_part(self, f: _File, i: int) -> int:
+        """Fetch part ``i`` into place; returns the CRC32C of the bytes written."""
         off, length = i * f.part_size, f.part_len(i)
         kwargs = {"Bucket": self.bucket, "Key": f.obj.key, "Range": f"bytes={off}-{off + length - 1}"}
         if f.obj.version_id:
@@ -266,8 +312,8 @@ class _Pull:
             kwargs["IfMatch"] = f'"{f.obj.etag}"'
         cfg = self.cfg
 
-        def attempt() -> None:
-            got = 0
+        def attempt() -> int:
+            got = crc = 0
             resp = self.client.get_object(**kwargs)
             body = resp["Body"]
             # urllib3's read1 returns whatever has arrived: a fixed-size read would block until it is full,
@@ -293,6 +339,7 @@ class _Pull:
                     if not data:
                         raise Retryable(f"body ended after {got} of {length} bytes")
                     self._write(f, memoryview(data), off + got)
+                    crc = crc32c(data, crc)
                     got += len(data)
                     self.progress.add(len(data))
                     now = time.monotonic()
@@ -303,13 +350,14 @@ class _Pull:
                             raise Retryable(f"slower than {cfg.low_speed_limit_bps / 1e6:g} MB/s "
                                             f"for {cfg.low_speed_time_s:g}s")
                         mark_t, mark_bytes = now, got
+                return crc
             except BaseException:
                 self.progress.add(-got)  # those bytes are fetched again
                 raise
             finally:
                 body.close()
 
-        call_with_retries(attempt, f"GET s3://{self.bucket}/{f.obj.key} bytes {off}-{off + length - 1}",
+        return call_with_retries(attempt, f"GET s3://{self.bucket}/{f.obj.key} bytes {off}-{off + length - 1}",
                           cfg.retry, self.cancelled)
 
     def _write(self, f: _File, data: memoryview, offset: int) -> None:
@@ -318,7 +366,7 @@ class _Pull:
                 n = os.pwrite(f.fd, data, offset)
                 data, offset = data[n:], offset + n
         except OSError as e:
-            raise _write_error(e, f.temp) from e
+            raise write_error(e, f.temp) from e
 
     def _worker(self, verifier: ThreadPoolExecutor) -> None:
         while True:
@@ -327,11 +375,10 @@ class _Pull:
                 return
             f, i = item
             try:
-                self._get_part(f, i)
+                crc = self._get_part(f, i)
                 _start_writeback(f.fd, i * f.part_size, f.part_len(i))
                 with f.lock:
-                    f.journal.write(f"{i}\n")
-                    f.journal.flush()
+                    f.journal_part(i, crc)
                     f.done.add(i)
                     f.remaining -= 1
                 f.hash_ready_parts()
@@ -358,28 +405,36 @@ class _Pull:
             try:
                 os.fsync(f.fd)
             except OSError as e:
-                raise _write_error(e, f.temp) from e
+                raise write_error(e, f.temp) from e
             synced = time.monotonic()
             try:
                 method = verify_file(f.temp, f.obj, streamed=f.stream)
             except VerifyFailed as e:
-                if f.obj.rel_path in self.retried_verify:
-                    raise
-                # Once per file: a resumed temp file may hold parts of a run that died mid-write.
-                self.retried_verify.add(f.obj.rel_path)
-                log.warning("weights.verify_retry", file=f.obj.rel_path, error=str(e))
+                # Corrupted in transit (or on disk): fetch the whole file again, a bounded number of times.
+                failures = self.verify_failures[f.obj.rel_path] = self.verify_failures.get(f.obj.rel_path, 0) + 1
+                if failures >= self.cfg.verify_attempts:
+                    raise VerifyFailed(f"{e} ({failures} downloads failed verification)") from None
+                log.warning("weights.verify_retry", file=f.obj.rel_path, error=str(e), attempt=failures)
                 self.progress.add(-f.obj.size)  # resumed and fetched bytes alike: all of it comes again
                 f.restart()
                 for i in f.missing:
                     self.tasks.put((f, i))
                 return
             verified = time.monotonic()
-            f.final.parent.mkdir(parents=True, exist_ok=True)
+            sha256 = f.stream.hexdigest() if method == UNVERIFIED and f.stream is not None else None
             f.close()
-            os.replace(f.temp, f.final)
-            _fsync_dir(f.final.parent)
-            f.journal_path.unlink(missing_ok=True)
-            self.on_file(PulledFile(f.obj, f.final, method, f.resumed_bytes, synced - start, verified - synced))
+            try:
+                # Never through a link: DEST's subfolders are not ours alone to trust.
+                parent = confined.replace(f.temp, self.dest, f.obj.rel_path)
+                try:
+                    os.fsync(parent)
+                finally:
+                    os.close(parent)
+                f.journal_path.unlink(missing_ok=True)
+            except OSError as e:
+                raise write_error(e, f.final) from e
+            self.on_file(PulledFile(f.obj, f.final, method, f.resumed_bytes, synced - start, verified - synced,
+                                    sha256))
             with self.lock:
                 self.pending -= 1
                 if self.pending == 0:

@@ -2,7 +2,9 @@
 
 Strongest available evidence first: the object's S3 additional checksum (full-object, or composite
 "-N" recomputed per part), else the ETag when it is an MD5 (single part: MD5 of the bytes; multipart:
-MD5 of the part MD5s, "-N"), else the size alone (SSE-KMS/SSE-C objects without checksums).
+MD5 of the part MD5s, "-N"). An object with neither (SSE-KMS/SSE-C without checksums, a multipart
+ETag whose part layout is unknown) cannot be verified: its SHA-256 is computed and recorded and the file
+is labelled UNVERIFIED, never "verified" (a size check proves nothing: the temp file is preallocated).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from awscrt import checksums
+
 from nodewarm.errors import NodewarmError
 
 from .manifest import RemoteObject
 
 READ_CHUNK = 8 * 1024 * 1024
 CRC_SEGMENT = 64 * 1024 * 1024
+UNVERIFIED = "unverified-sha256"
 
 
 class VerifyFailed(NodewarmError):
@@ -46,11 +51,7 @@ class _Crc:
 
 
 def _crt(name: str) -> Callable[[bytes, int], int] | None:
-    try:
-        from awscrt import checksums
-    except ModuleNotFoundError:
-        return None
-    return getattr(checksums, name)
+    return getattr(checksums, name, None)
 
 
 def _hasher_factory(algorithm: str) -> Callable[[], object] | None:
@@ -70,9 +71,9 @@ def _hasher_factory(algorithm: str) -> Callable[[], object] | None:
 class Method:
     """How a file will be checked: ``algorithm`` over parts of ``part_sizes`` (None: whole file)."""
 
-    name: str  # e.g. "checksum-crc32c", "checksum-crc32-composite", "etag-md5", "etag-md5-multipart", "size"
-    algorithm: str | None
-    expected: str | None
+    name: str  # e.g. "checksum-crc32c", "checksum-crc32-composite", "etag-md5", "etag-md5-multipart", UNVERIFIED
+    algorithm: str
+    expected: str | None  # None: nothing to compare with (UNVERIFIED: the SHA-256 is only recorded)
     part_sizes: tuple[int, ...] | None = None
 
 
@@ -102,7 +103,7 @@ def method_for(obj: RemoteObject) -> Method:
         sizes = _part_sizes(obj)
         if sizes:
             return Method("etag-md5-multipart", "MD5", obj.etag.lower(), sizes)
-    return Method("size", None, None)
+    return Method(UNVERIFIED, "SHA256", None)
 
 
 def _encode(algorithm: str, digest: bytes) -> str:
@@ -174,6 +175,9 @@ class StreamHash:
     def value(self) -> str:
         return _encode(self.method.algorithm, self._h.digest())
 
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
 
 def _check(obj: RemoteObject, m: Method, got: str) -> str:
     if got != m.expected:
@@ -190,8 +194,8 @@ def verify_file(path: Path, obj: RemoteObject, workers: int = 4, streamed: Strea
     if size != obj.size:
         raise VerifyFailed(f"{obj.rel_path}: {size} bytes on disk, S3 says {obj.size}")
     m = method_for(obj)
-    if m.algorithm is None:
-        return m.name
+    if m.expected is None:
+        return m.name  # the caller records the streamed SHA-256
     if streamed is not None:
         return _check(obj, m, streamed.value())
     return _check(obj, m, _digest_file(path, m, size, workers))

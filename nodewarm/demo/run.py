@@ -215,7 +215,8 @@ def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, moun
     # The agent reads model, serving and compile-cache settings from the WarmProfile object, as on a real
     # node; --once because the demo waits for each node's result.
     argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name, "--mount", str(mount),
-            "--node-name", node, "--kubeconfig", str(kcfg), "--allow-non-nvme", "--once", "--json"]
+            "--node-name", node, "--kubeconfig", str(kcfg), "--allow-non-nvme", "--once", "--json",
+            "--state-dir", str(mount / "state")]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **srv.s3.env()}, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"bootstrap on {node} failed ({proc.returncode}): {proc.stderr[-3000:]}")

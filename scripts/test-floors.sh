@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The suite once more at the floor versions: every dependency at the lowest version pyproject.toml allows
+# (constraints/floors.txt), in its own venv (.venv-floors), so the declared floors are proven, not guessed.
+# .ci/run runs it after scripts/test.sh. Arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh               # Debian packages and the local kube-apiserver (cached after the first run)
+
+log() { echo "[floors] $*" >&2; }
+venv=.venv-floors
+stamp=$venv/.nodewarm-floors
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || constraints/floors.txt -nt $stamp ]]; then
+  log "building $venv at the floors of constraints/floors.txt"
+  rm -rf "$venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$venv/bin/python" -m pip install -q "torch==2.13.0"
+  "$venv/bin/python" -m pip install -q -c constraints/floors.txt -e ".[torch,streamer,demo,test]"
+  touch "$stamp"
+fi
+# What pip resolved must be the floors themselves, not something newer that slipped in.
+"$venv/bin/python" - <<'PY'
+import sys
+from importlib.metadata import version
+from packaging.requirements import Requirement
+
+wrong = []
+for line in open("constraints/floors.txt"):
+    line = line.split("#", 1)[0].strip()
+    if line:
+        req = Requirement(line)
+        pinned = next(iter(req.specifier)).version
+        if version(req.name) != pinned:
+            wrong.append(f"{req.name} {version(req.name)} (floor {pinned})")
+if wrong:
+    sys.exit("[floors] not at the floor: " + ", ".join(wrong))
+print("[floors] every dependency at its floor", file=sys.stderr)
+PY
+exec "$venv/bin/python" -m pytest "$@"
