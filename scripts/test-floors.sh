@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The suite once more at the floor versions: every dependency at the lowest version pyproject.toml allows
 # (constraints/floors.txt), in its own venv (.venv-floors), so the declared floors are proven, not guessed.
-# .ci/run runs it after scripts/test.sh. Arguments go to pytest.
+# scripts/test.sh (the README's test command, what .ci/run runs) ends with it. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh               # Debian packages and the local kube-apiserver (cached after the first run)
