@@ -22,8 +22,9 @@ from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
+from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
-from .compilecache import bundle, cachekey, restore
+from .compilecache import bundle, cachekey, hitcheck, restore
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 
 log = logs.get("bootstrap.agent")
@@ -43,12 +44,18 @@ class AgentConfig:
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
     generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
+    node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
         """The host side of the vLLM pod's /compile-cache hostPath (nodeclasses.podlayout)."""
         d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
         return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"])
+
+    @property
+    def baseline_path(self) -> Path:
+        """Host side of the publisher's --baseline (nodeclasses.vllm.BASELINE_FILE)."""
+        return self.mount / "compile-cache" / BASELINE_FILE
 
     def serving_spec(self) -> cachekey.ServingSpec:
         return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
@@ -66,8 +73,9 @@ class AgentResult:
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
         if self.cache is not None:
-            # "cold" until serving proves otherwise; verify-hit later turns it into hit/miss.
-            out[CACHE_ANNOTATION] = "restored" if self.cache.status == "restored" else "cold"
+            # A restore is not a hit: the outcome stays unset until the publisher proves hit or miss in serving.
+            if self.cache.status == "cold":
+                out[CACHE_ANNOTATION] = "cold"
             out[CACHE_REASON_ANNOTATION] = self.cache.reason
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
@@ -99,9 +107,11 @@ def warm(cfg: AgentConfig) -> AgentResult:
             cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
                                           "bundles are never restored")
         else:
-            probe, env = cfg.runtime if cfg.runtime else (None, None)
             cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
-                                             cfg.cache_dirs, probe, env)
+                                             cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
+                                             node_labels=cfg.node_labels)
+        # What the publisher judges serving against (a cold node too: everything it compiles is then a miss).
+        hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
         timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
         log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
 

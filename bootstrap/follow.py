@@ -51,15 +51,16 @@ class FollowOptions:
     retry_s: float = 300.0          # a failed warm is tried again after this, or at once on a profile change
 
 
-def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentConfig:
-    from nodewarm.nodeclasses.launch import serving_spec
+def agent_config(r: profilesource.Resolved, opts: FollowOptions,
+                 node_labels: dict[str, str] | None = None) -> agent.AgentConfig:
+    from nodewarm.nodeclasses.servingspec import serving_spec
 
     p = r.profile
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
-        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation)
+        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, node_labels=dict(node_labels or {}))
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:
@@ -125,8 +126,16 @@ class Follower:
                 log.info("region.resolved", region=region)
         return r
 
+    def _node_labels(self) -> dict[str, str]:
+        """This Node's labels (instance type, GPU name/count): the agent's hardware view where /proc has none."""
+        try:
+            return dict((profilesource.get_node(self.api, self.opt.node_name).get("metadata") or {}).get("labels") or {})
+        except Exception as e:      # the labels only add to /proc; a failed read leaves the key to /proc alone
+            log.warning("node.labels_unread", error=str(e)[:200])
+            return {}
+
     def first_warm(self, r: profilesource.Resolved) -> agent.AgentResult:
-        result = agent.run(agent_config(r, self.opt), self.api)
+        result = agent.run(agent_config(r, self.opt, self._node_labels()), self.api)
         self.last = result
         if result.warm:
             self.held, self._failed_at = r, None
@@ -136,7 +145,7 @@ class Follower:
 
     def rewarm(self, r: profilesource.Resolved) -> bool:
         """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
-        cfg = agent_config(r, self.opt)
+        cfg = agent_config(r, self.opt, self._node_labels())
         log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
         result = agent.warm(cfg)
         if not result.warm and result.reason == "InsufficientNVMe" and self._free_older(r):

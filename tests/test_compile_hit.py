@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
@@ -123,7 +123,7 @@ def compiled(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_factors():
     spec = cachekey.ServingSpec("tests/compile_model.py", "1", image="sha256:" + "00" * 32)
-    return cachekey.build_factors(cachekey.probe_runtime(), spec, os.environ)
+    return cachekey.build_factors(cachekey.probe_runtime(), hardware.probe(env=os.environ), spec, os.environ)
 
 
 @pytest.fixture
@@ -202,13 +202,14 @@ def _probe(env: dict) -> dict:
 def test_a_node_picking_a_narrower_isa_refuses_the_bundle(published, tmp_path):
     """The ISA hazard: Inductor would hit and (AVX-512 -> AVX2, measured) return NaN; our key refuses."""
     store, verify_key = published
-    native = cachekey.probe_runtime().cpu_isa
+    native = hardware.probe(env={}).cpu_isa
     # A smaller node: AVX2 where the bundle was built with more, else no vector ISA at all.
     narrower = "avx2" if native != "avx2" else "default"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": narrower}
     probe = cachekey.probe_from_dict(_probe(env))
-    assert probe.cpu_isa != native
-    factors = cachekey.build_factors(probe, cachekey.ServingSpec("tests/compile_model.py", "1",
+    hw = hardware.probe(env=env)
+    assert hw.cpu_isa != native
+    factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("tests/compile_model.py", "1",
                                                                  image="sha256:" + "00" * 32), env)
     roots = node_roots(tmp_path / "nodeD")
     out = restore.restore(store, factors, roots, verify_key)
