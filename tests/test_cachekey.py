@@ -41,8 +41,8 @@ def test_thread_count_only_keys_cpu_runtimes():
 
 def test_prefix_is_readable_and_names_the_runtime():
     p = cachekey.prefix(cachekey.build_factors(PROBE, HW, SPEC, ENV), "compile-cache")
-    assert p == ("compile-cache/v2/h100x8/cuda-13.0/torch-2.13.0+cu130+d34d1007d34d/vllm-0.32.0/"
-                 "s3-models-llama-3.1-8b@v1/tp8-pp1/image-abababababab/")
+    assert p == ("compile-cache/v2/cuda-13.0/torch-2.13.0+cu130+d34d1007d34d/vllm-0.32.0/"
+                 "s3-models-llama-3.1-8b@v1/tp8-pp1/image-abababababab/h100x8/")
 
 
 def test_long_model_names_stay_distinct():

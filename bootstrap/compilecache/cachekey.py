@@ -169,19 +169,21 @@ def _slug(text: str, limit: int = 64) -> str:
 def prefix(factors: Factors, root: str = "") -> str:
     """Human-readable S3 prefix: an operator can see which runtime and model a bundle is for.
 
-    <root>/v2/<gpu>x<count>/cuda-<v>/torch-<v>+<build12>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/<image12>/
-    Factors not shown here (ISA, paths, env, engine flags) are in the manifest and in ``key_id``.
+    <root>/v2/cuda-<v>/torch-<v>+<build12>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<image12>/<gpu>x<count>/
+    The hardware comes last, so a node finds the bundles of the same software and model built on other
+    hardware beside its own and can name how they differ. Factors not shown here (ISA, paths, env, engine
+    flags) are in the manifest and in ``key_id``.
     """
     image = factors.image.split(":")[-1] if factors.image else ""
     parts = [
         "v2",
-        _slug(factors.gpu_model or "cpu") + f"x{factors.gpu_count}",
         "cuda-" + _slug(factors.cuda or "none"),
         "torch-" + _slug(factors.torch_version) + "+" + factors.torch_build[:12],
         "vllm-" + _slug(factors.vllm or "none"),
         _slug(factors.model, 96) + "@" + _slug(factors.revision or "none", 40),
         f"tp{factors.tp}-pp{factors.pp}",
         "image-" + (_slug(image)[:12] if image else "none"),
+        _slug(factors.gpu_model or "cpu") + f"x{factors.gpu_count}",
     ]
     root = root.strip("/")
     return (root + "/" if root else "") + "/".join(parts) + "/"

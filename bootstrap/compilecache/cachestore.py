@@ -2,7 +2,7 @@
 
 Layout under ``compileCache.uri`` (see cachekey.prefix for the readable part)::
 
-    <uri>/v1/<gpu>/cuda-<v>/torch-<v>+<build>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<digest>/
+    <uri>/v2/cuda-<v>/torch-<v>+<build>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<digest>/<gpu>x<count>/
         <key_id>.json                 signed envelope: the key's current bundle (its manifest has a generation);
                                       created If-None-Match: *, replaced only If-Match its ETag when stale
         <key_id>.json.claims/g<N>/<t>-<id>  claims to write generation N, only on servers without conditional writes
@@ -101,6 +101,12 @@ class CacheStore:
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(keys)
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The "folders" right under ``prefix`` (S3 CommonPrefixes), first page only: enough to name a neighbour."""
+        page = self._call(lambda: self.client.list_objects_v2(Bucket=self.uri.bucket, Prefix=prefix, Delimiter="/"),
+                          "list", prefix)
+        return sorted(p["Prefix"] for p in page.get("CommonPrefixes", []))
 
     def get_small(self, key: str, limit: int = MAX_ENVELOPE_BYTES) -> bytes:
         resp = self._call(lambda: self.client.get_object(Bucket=self.uri.bucket, Key=key), "GET", key)

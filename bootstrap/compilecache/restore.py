@@ -113,8 +113,13 @@ def choose(store: CacheStore, factors: cachekey.Factors, verify_key: Ed25519Publ
             raise signing.BundleTampered(f"bundle {want} points outside its prefix: {manifest.blob_key}")
         return manifest
     if not envelopes:
-        raise CacheNotFound(f"no compile-cache bundle under s3://{store.uri.bucket}/{prefix} (first node for "
-                            "this runtime and model: it will compile and publish)")
+        # Same software and model built on other hardware sits beside this prefix: name how it differs.
+        parent = prefix.rstrip("/").rpartition("/")[0] + "/"
+        envelopes = [k for d in store.list_dirs(parent)[:_MAX_CANDIDATES] if d != prefix
+                     for k in store.list(d) if k.endswith(ENVELOPE_SUFFIX)]
+        if not envelopes:
+            raise CacheNotFound(f"no compile-cache bundle under s3://{store.uri.bucket}/{prefix} (first node for "
+                                "this runtime and model: it will compile and publish)")
     # Same readable prefix, different fine factors (ISA, paths, env, engine flags): name them.
     best: list[cachekey.Mismatch] | None = None
     best_key = ""
