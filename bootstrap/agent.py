@@ -110,7 +110,7 @@ def warm(cfg: AgentConfig) -> AgentResult:
             cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
                                              cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
                                              node_labels=cfg.node_labels)
-        # What the publisher judges serving against (a cold node too: everything it compiles is then a miss).
+        # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
         hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
         timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
         log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)

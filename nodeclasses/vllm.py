@@ -118,7 +118,8 @@ def publisher_service_account(p: WarmProfile) -> dict:
 
 def publisher_node_status_rbac(p: WarmProfile) -> list[dict]:
     """`patch nodes/status` for the publisher's ServiceAccount: it records the serving-time compile-cache outcome
-    (hit|miss|cold) on its Node. The status subresource resets spec, so no taint can be touched through it."""
+    (hit|miss|cold) on its Node. The status subresource resets spec, so no taint can be touched through it;
+    publisher_admission_policy narrows it to its own Node and the compile-cache annotations."""
     sa = identity.publisher_service_account(p)
     name = f"nodewarm-publisher:{p.serving.namespace}:{sa}"
     meta = {"name": name, "labels": {**labels(p), MANAGED_BY: "nodewarm"}}
@@ -128,6 +129,43 @@ def publisher_node_status_rbac(p: WarmProfile) -> list[dict]:
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": p.serving.namespace}]},
+    ]
+
+
+def publisher_admission_policy(p: WarmProfile) -> list[dict]:
+    """`patch nodes/status` is cluster-wide in RBAC; this ValidatingAdmissionPolicy (Kubernetes >= 1.30) narrows
+    the publisher to its own Node (the token's bound node) and to the two compile-cache annotations: no label,
+    no other annotation and no condition (Warm included) may change through it."""
+    from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
+    from nodewarm.userdata.daemonset import OWN_NODE
+
+    user = f"system:serviceaccount:{p.serving.namespace}:{identity.publisher_service_account(p)}"
+    name = f"nodewarm-publisher-{p.serving.namespace}-{p.name}"
+    ours = f"['{CACHE_ANNOTATION}', '{CACHE_REASON_ANNOTATION}']"
+    new_a, old_a = ("(has(%s.metadata.annotations) ? %s.metadata.annotations : {})" % (o, o)
+                    for o in ("object", "oldObject"))
+    new_l, old_l = ("(has(%s.metadata.labels) ? %s.metadata.labels : {})" % (o, o) for o in ("object", "oldObject"))
+    new_c, old_c = ("(has(%s.status.conditions) ? %s.status.conditions : [])" % (o, o) for o in ("object", "oldObject"))
+    only_ours = (f"{new_a}.all(k, k in {ours} || (k in {old_a} && {old_a}[k] == {new_a}[k])) && "
+                 f"{old_a}.all(k, k in {ours} || k in {new_a})")
+    meta = {"name": name, "labels": {**labels(p), MANAGED_BY: "nodewarm"}}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": meta,
+         "spec": {
+             "failurePolicy": "Fail",
+             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                                     "resources": ["nodes", "nodes/status"]}]},
+             "matchConditions": [{"name": "nodewarm-publisher", "expression": f"request.userInfo.username == '{user}'"}],
+             "validations": [
+                 {"expression": OWN_NODE, "reason": "Forbidden",
+                  "message": "the compile-cache publisher may only write the Node its pod runs on"},
+                 {"expression": only_ours, "reason": "Forbidden",
+                  "message": f"the compile-cache publisher may only change {CACHE_ANNOTATION}(-reason)"},
+                 {"expression": f"{new_l} == {old_l} && {new_c} == {old_c}", "reason": "Forbidden",
+                  "message": "the compile-cache publisher may change no label and no condition"},
+             ]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": dict(meta), "spec": {"policyName": name, "validationActions": ["Deny"]}},
     ]
 
 

@@ -195,7 +195,7 @@ def _run_publish(args) -> int:
     if args.now:
         result = publish.publish_once(store, roots, factors, key, producer, settings, runtime=probe)
     else:
-        result = publish.watch_and_publish(store, roots, factors, key, producer, settings)
+        result = publish.watch_and_publish(store, roots, factors, key, producer, settings, runtime=probe)
     if args.json:
         _print(dataclasses.asdict(result))
     else:

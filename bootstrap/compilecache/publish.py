@@ -295,7 +295,8 @@ def _drop_if_unreferenced(store: CacheStore, env_key: str, blob: str, wait_s: fl
 
 def watch_and_publish(store: CacheStore, roots: Mapping[str, Path], factors: cachekey.Factors,
                       key: Ed25519PrivateKey, producer: Mapping[str, str],
-                      settings: PublishSettings = PublishSettings(), workdir: Path | None = None) -> PublishResult:
+                      settings: PublishSettings = PublishSettings(), workdir: Path | None = None,
+                      runtime: cachekey.RuntimeProbe | None = None) -> PublishResult:
     """Without a readiness URL: wait for one finished compile, then publish it (servedcheck proves hits)."""
     env_key = envelope_key(cachekey.prefix(factors, store.root), cachekey.key_id(factors))
     current = read_current(store, env_key, key, hitcheck.snapshot(roots))
@@ -308,4 +309,4 @@ def watch_and_publish(store: CacheStore, roots: Mapping[str, Path], factors: cac
     snap = wait_for_compile(roots, baseline, settings)
     if snap is None:
         return PublishResult("timeout", f"no finished compile within {settings.timeout_s} s", env_key)
-    return publish_once(store, roots, factors, key, producer, settings, workdir)
+    return publish_once(store, roots, factors, key, producer, settings, workdir, runtime)
