@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm.testenv import s3server
@@ -73,7 +73,7 @@ def main() -> int:
             server.create_bucket("bench-cc")
             store = CacheStore(parse_uri("s3://bench-cc/compile-cache"), client=server.client())
             pair = signing.generate(work / "signing.pem")
-            factors = cachekey.build_factors(cachekey.probe_runtime(),
+            factors = cachekey.build_factors(cachekey.probe_runtime(), hardware.probe(env=os.environ),
                                              cachekey.ServingSpec("bench/compile_cache.py", " ".join(model_args)),
                                              os.environ)
 

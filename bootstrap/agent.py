@@ -26,9 +26,10 @@ from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
+from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
 from . import launchrecord
-from .compilecache import bundle, cachekey, restore
+from .compilecache import bundle, cachekey, hitcheck, restore
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 from .weights.loadcheck import StreamerTuning
 
@@ -53,6 +54,7 @@ class AgentConfig:
     generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
     streamer: StreamerTuning = StreamerTuning()     # the vLLM pod's streamer settings, for the load check
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
+    node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -60,6 +62,11 @@ class AgentConfig:
         d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
         return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
                                 base=self.mount / "compile-cache")
+
+    @property
+    def baseline_path(self) -> Path:
+        """Host side of the publisher's --baseline (nodeclasses.vllm.BASELINE_FILE)."""
+        return self.mount / "compile-cache" / BASELINE_FILE
 
     def serving_spec(self) -> cachekey.ServingSpec:
         return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
@@ -82,8 +89,9 @@ class AgentResult:
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
         if self.cache is not None:
-            # "cold" until serving proves otherwise; verify-hit later turns it into hit/miss.
-            out[CACHE_ANNOTATION] = "restored" if self.cache.status == "restored" else "cold"
+            # A restore is not a hit: the outcome stays unset until the publisher proves hit or miss in serving.
+            if self.cache.status == "cold":
+                out[CACHE_ANNOTATION] = "cold"
             out[CACHE_REASON_ANNOTATION] = self.cache.reason
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
@@ -126,9 +134,11 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str]) -> AgentResult:
             cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
                                           "bundles are never restored")
         else:
-            probe, env = cfg.runtime if cfg.runtime else (None, None)
             cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
-                                             cfg.cache_dirs, probe, env)
+                                             cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
+                                             node_labels=cfg.node_labels)
+        # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
+        hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
         timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
         log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
 

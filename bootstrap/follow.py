@@ -61,8 +61,9 @@ def streamer_tuning(p) -> StreamerTuning:
     return StreamerTuning(concurrency, streamer_chunk_bytes(p))
 
 
-def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentConfig:
-    from nodewarm.nodeclasses.launch import serving_spec
+def agent_config(r: profilesource.Resolved, opts: FollowOptions,
+                 node_labels: dict[str, str] | None = None) -> agent.AgentConfig:
+    from nodewarm.nodeclasses.servingspec import serving_spec
 
     p = r.profile
     return agent.AgentConfig(
@@ -70,7 +71,7 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions) -> agent.AgentC
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
         host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, streamer=streamer_tuning(p),
-        state_dir=opts.state_dir)
+        state_dir=opts.state_dir, node_labels=dict(node_labels or {}))
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:
@@ -136,8 +137,16 @@ class Follower:
                 log.info("region.resolved", region=region)
         return r
 
+    def _node_labels(self) -> dict[str, str]:
+        """This Node's labels (instance type, GPU name/count): the agent's hardware view where /proc has none."""
+        try:
+            return dict((profilesource.get_node(self.api, self.opt.node_name).get("metadata") or {}).get("labels") or {})
+        except Exception as e:      # the labels only add to /proc; a failed read leaves the key to /proc alone
+            log.warning("node.labels_unread", error=str(e)[:200])
+            return {}
+
     def first_warm(self, r: profilesource.Resolved) -> agent.AgentResult:
-        result = agent.run(agent_config(r, self.opt), self.api)
+        result = agent.run(agent_config(r, self.opt, self._node_labels()), self.api)
         self.last = result
         if result.warm:
             self.held, self._failed_at = r, None
@@ -147,7 +156,7 @@ class Follower:
 
     def rewarm(self, r: profilesource.Resolved) -> bool:
         """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
-        cfg = agent_config(r, self.opt)
+        cfg = agent_config(r, self.opt, self._node_labels())
         log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
         result = agent.warm(cfg)
         if not result.warm and result.reason == "InsufficientNVMe" and self._free_older(r):

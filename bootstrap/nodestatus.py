@@ -74,3 +74,26 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
     log.info("warm.reported", node=node_name, status=want, reason=reason, annotations=sorted(annotations or {}),
              labels=dict(labels or {}))
     return node
+
+
+def report_compile_cache(api_client, node_name: str, outcome: str, reason: str) -> dict:
+    """The serving-time compile-cache outcome (hit|miss|cold) as Node annotations, through ``nodes/status``.
+
+    Sent by the publisher sidecar with its ServiceAccount (rendered with ``patch nodes/status`` only); only the
+    two compile-cache annotations are in the patch, so the Warm condition and everything else stay as they are.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
+
+    body = {"metadata": {"annotations": {CACHE_ANNOTATION: outcome, CACHE_REASON_ANNOTATION: reason}}}
+    try:
+        node = _call(api_client, "PATCH", f"/api/v1/nodes/{node_name}/status", body, STRATEGIC)
+    except ApiException as e:
+        if e.status in (401, 403):
+            raise NodewarmError(f"cannot record the compile-cache outcome on node {node_name}: {e.status} "
+                                f"{e.reason}; the publisher's ServiceAccount needs `patch nodes/status` "
+                                "(rendered with the Deployment)", "NodeStatusForbidden") from None
+        raise
+    log.info("compile_cache.reported", node=node_name, outcome=outcome, reason=reason)
+    return node

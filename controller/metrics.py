@@ -26,7 +26,7 @@ class Metrics:
                                       "Readiness taints removed because the node reported Warm", ["nodepool"], registry=r)
         self.deadlines = Counter("nodewarm_deadlines_total", "Nodes that missed readiness.deadline, by action taken",
                                  ["nodepool", "action"], registry=r)
-        self.cache = Counter("nodewarm_compile_cache_total", "Compile-cache outcome of warmed nodes (restored|cold at warm time, hit|miss after serving)",
+        self.cache = Counter("nodewarm_compile_cache_total", "Compile-cache outcome of warmed nodes (cold at warm time, hit|miss proven in serving)",
                              ["nodepool", "result"], registry=r)
         self.injections = Counter("nodewarm_injections_total", "Server-side applies of NodeClass/NodePool fields",
                                   ["kind", "result"], registry=r)

@@ -27,9 +27,10 @@ from .model import (
     STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time,
 )
 
-# What the node agent reports at warm time (restored | cold) and what verify-hit reports once serving
-# started (hit | miss); anything else is counted as "unknown" so an odd annotation cannot mint series.
-CACHE_OUTCOMES = ("restored", "cold", "hit", "miss")
+# What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
+# a restore is not a hit, so it has no value here. Anything else is counted as "unknown" so an odd annotation
+# cannot mint series.
+CACHE_OUTCOMES = ("hit", "miss", "cold")
 
 # Warm=False reasons a replacement node would hit again (instance type, sizes, IAM, the model source):
 # replacing would only burn instances, so onDeadline=replace keeps the node and says why instead.

@@ -6,7 +6,8 @@
 * ``publisher`` (writer, only with ``compileCache.publisher``): reads and writes the compile-cache prefix only.
   Envelopes (the ``*.json`` pointers nodes trust) may only be written conditionally (``If-None-Match`` for the
   first writer, ``If-Match`` to replace a stale one), so a publisher can never blindly overwrite another's
-  pointer; content-addressed blobs, claims and runtime descriptors are plain puts. No delete anywhere.
+  pointer; content-addressed blobs, claims, stale markers (``<key>.json.stale/<generation>``, after a miss
+  proven in serving) and per-image runtime descriptors are plain puts. No delete anywhere.
 * with ``spec.aws.kmsKeyArn``: decrypt for both on exactly that key, generate-data-key for the writer.
 """
 
@@ -52,9 +53,9 @@ def publisher_policy(p: WarmProfile) -> dict:
     statements = [
         _list("ListCompileCache", cb, cp),
         {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{root}*"]},
-        # Content-addressed archives, first-writer claims and per-image runtime descriptors: never a pointer.
-        {"Sid": "WriteBlobsClaimsRuntimes", "Effect": "Allow", "Action": ["s3:PutObject"],
-         "Resource": [f"{root}*blobs/*", f"{root}*.json.claims/*", f"{root}runtimes/*"]},
+        # Content-addressed archives, claims, stale markers and per-image runtime descriptors: never a pointer.
+        {"Sid": "WriteBlobsClaimsMarkersRuntimes", "Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": [f"{root}*blobs/*", f"{root}*.json.claims/*", f"{root}*.json.stale/*", f"{root}runtimes/*"]},
         # The envelopes nodes trust: only a conditional write, so two publishers can never both win.
         {"Sid": "CreateEnvelopeIfAbsent", "Effect": "Allow", "Action": ["s3:PutObject"], "Resource": [f"{root}*.json"],
          "Condition": {"Null": {"s3:if-none-match": "false"}}},

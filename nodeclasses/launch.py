@@ -1,13 +1,10 @@
-"""WarmProfile -> how the node starts the agent (the user-data part, or the DaemonSet on Auto Mode), and the
-serving spec the agent and the publisher build the compile-cache key from."""
+"""WarmProfile -> how the node starts the agent (the user-data part, or the DaemonSet on Auto Mode)."""
 
 from __future__ import annotations
 
 from nodewarm.errors import ProfileError
 from nodewarm.profile import WarmProfile
 from nodewarm.userdata.launch import BootstrapLaunch
-
-from .podlayout import model_path
 
 
 def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
@@ -26,34 +23,3 @@ def bootstrap_launch(p: WarmProfile) -> BootstrapLaunch:
         artifact_uri=b.artifact_uri if needs_artifact else None,
         artifact_sha256=b.artifact_sha256 if needs_artifact else None,
     )
-
-
-def serving_engine(p: WarmProfile) -> dict[str, str]:
-    s = p.serving
-    engine = {"dtype": s.dtype}
-    if s.max_model_len:
-        engine["max_model_len"] = str(s.max_model_len)
-    return engine
-
-
-def serving_spec_args(p: WarmProfile) -> tuple[str, ...]:
-    """The serving spec as `publish` options. The node agent builds the same spec from the same profile
-    (nodewarm.bootstrap.profilesource), so publisher and node agree on the compile-cache key."""
-    s = p.serving
-    args = ["--tp", str(s.tensor_parallel_size)]
-    for k, v in serving_engine(p).items():
-        args += ["--engine-arg", f"{k}={v}"]
-    if p.model.revision:
-        args += ["--revision", p.model.revision]
-    if s.image:
-        args += ["--image", s.image]
-    return tuple(args)
-
-
-def serving_spec(p: WarmProfile):
-    """The compile-cache key's serving spec, as the node agent uses it (the model string is the path vLLM is
-    started with)."""
-    from nodewarm.bootstrap.compilecache import cachekey
-
-    return cachekey.ServingSpec(model=model_path(p.name), revision=p.model.revision,
-                                tp=p.serving.tensor_parallel_size, image=p.serving.image, engine=serving_engine(p))

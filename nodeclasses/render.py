@@ -62,6 +62,7 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
         docs += agentaccess.node_rbac()
     if p.compile_cache.publisher:
         docs.append(vllm.publisher_service_account(p))
+        docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
     docs += [vllm.deployment(p), vllm.service(p)]
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 

@@ -24,6 +24,7 @@ from nodewarm.profile import WarmProfile
 from . import identity
 from .labels import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
 from .podlayout import CACHE_MOUNT, MODEL_MOUNT, cache_dirs, model_path
+from .servingspec import serving_spec, spec_args
 
 GIB = 2**30
 
@@ -42,6 +43,7 @@ def model_loader_extra_config(p: WarmProfile) -> dict:
 
 def args(p: WarmProfile) -> list[str]:
     s = p.serving
+    serving_spec(p)     # refuses extraArgs that repeat a field, before anything is rendered
     out = [
         f"--model={model_path(p.name)}",
         f"--served-model-name={p.name}",
@@ -75,30 +77,35 @@ def env(p: WarmProfile) -> list[dict]:
 
 
 SIGNING_MOUNT = "/var/run/nodewarm/signing"
+# Where the node agent saves the post-restore snapshot (hitcheck.Baseline): beside the cache roots, not in one.
+BASELINE_FILE = "nodewarm-baseline.json"
 
 
 def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
-    """`nodewarm publish` beside vLLM: when the first compile on this node goes quiet it packs the caches,
-    signs them and uploads once (first writer wins); then it idles, so the pod does not restart it.
+    """`nodewarm publish` beside vLLM: once vLLM is ready it proves the compile-cache hit against the agent's
+    baseline, records hit|miss|cold on the Node (its ServiceAccount may patch nodes/status), marks a missed
+    bundle stale, and publishes this node's caches when the key has no good bundle; then it idles, so the
+    pod does not restart it.
     It runs the serving image (with nodewarm installed) because the key must describe the serving
     runtime, and it gets vLLM's environment because VLLM_*/TORCHINDUCTOR_* variables are part of the key.
     """
-    from .launch import serving_spec_args
-
     pub = p.compile_cache.publisher
     d = cache_dirs(CACHE_MOUNT)
     # The pod cannot read instance metadata (hop limit 1): the buckets' region is spelled out.
     region = [{"name": "AWS_REGION", "value": p.nodes.region}, {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region}]
     argv = ["nodewarm", "publish", "--uri", p.compile_cache.uri, "--signing-key", f"{SIGNING_MOUNT}/signing.pem",
-            "--quiet-seconds", str(pub.quiet_seconds), "--model", model_path(p.name), *serving_spec_args(p),
+            "--quiet-seconds", str(pub.quiet_seconds), *spec_args(serving_spec(p)),
+            "--ready-url", f"http://127.0.0.1:{p.serving.port}/health",
+            "--baseline", f"{CACHE_MOUNT}/{BASELINE_FILE}",
             "--vllm-cache-root", str(d["vllm"]), "--inductor-dir", str(d["inductor"]),
             "--triton-dir", str(d["triton"]), "--pch-dir", str(d["pch"])]
+    node = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     return {
         "name": "nodewarm-publish",
         "image": pub.image,
         "command": ["sh", "-c", 'nodewarm "$@"; exec sleep infinity', "nodewarm-publish"],
         "args": argv[1:],
-        "env": serving_env + region,
+        "env": serving_env + region + node,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
         "volumeMounts": [{"name": "compile-cache", "mountPath": CACHE_MOUNT},
                          {"name": "signing-key", "mountPath": SIGNING_MOUNT, "readOnly": True}],
@@ -114,13 +121,67 @@ def publisher_service_account(p: WarmProfile) -> dict:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": md}
 
 
+def publisher_node_status_rbac(p: WarmProfile) -> list[dict]:
+    """`patch nodes/status` for the publisher's ServiceAccount: it records the serving-time compile-cache outcome
+    (hit|miss|cold) on its Node. The status subresource resets spec, so no taint can be touched through it;
+    publisher_admission_policy narrows it to its own Node and the compile-cache annotations."""
+    sa = identity.publisher_service_account(p)
+    name = f"nodewarm-publisher:{p.serving.namespace}:{sa}"
+    meta = {"name": name, "labels": {**labels(p), MANAGED_BY: "nodewarm"}}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": p.serving.namespace}]},
+    ]
+
+
+def publisher_admission_policy(p: WarmProfile) -> list[dict]:
+    """`patch nodes/status` is cluster-wide in RBAC; this ValidatingAdmissionPolicy (Kubernetes >= 1.30) narrows
+    the publisher to its own Node (the token's bound node) and to the two compile-cache annotations: no label,
+    no other annotation and no condition (Warm included) may change through it."""
+    from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
+    from nodewarm.userdata.daemonset import OWN_NODE
+
+    user = f"system:serviceaccount:{p.serving.namespace}:{identity.publisher_service_account(p)}"
+    name = f"nodewarm-publisher-{p.serving.namespace}-{p.name}"
+    ours = f"['{CACHE_ANNOTATION}', '{CACHE_REASON_ANNOTATION}']"
+    new_a, old_a = ("(has(%s.metadata.annotations) ? %s.metadata.annotations : {})" % (o, o)
+                    for o in ("object", "oldObject"))
+    new_l, old_l = ("(has(%s.metadata.labels) ? %s.metadata.labels : {})" % (o, o) for o in ("object", "oldObject"))
+    new_c, old_c = ("(has(%s.status.conditions) ? %s.status.conditions : [])" % (o, o) for o in ("object", "oldObject"))
+    only_ours = (f"{new_a}.all(k, k in {ours} || (k in {old_a} && {old_a}[k] == {new_a}[k])) && "
+                 f"{old_a}.all(k, k in {ours} || k in {new_a})")
+    meta = {"name": name, "labels": {**labels(p), MANAGED_BY: "nodewarm"}}
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": meta,
+         "spec": {
+             "failurePolicy": "Fail",
+             "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                                     "resources": ["nodes", "nodes/status"]}]},
+             "matchConditions": [{"name": "nodewarm-publisher", "expression": f"request.userInfo.username == '{user}'"}],
+             "validations": [
+                 {"expression": OWN_NODE, "reason": "Forbidden",
+                  "message": "the compile-cache publisher may only write the Node its pod runs on"},
+                 {"expression": only_ours, "reason": "Forbidden",
+                  "message": f"the compile-cache publisher may only change {CACHE_ANNOTATION}(-reason)"},
+                 {"expression": f"{new_l} == {old_l} && {new_c} == {old_c}", "reason": "Forbidden",
+                  "message": "the compile-cache publisher may change no label and no condition"},
+             ]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": dict(meta), "spec": {"policyName": name, "validationActions": ["Deny"]}},
+    ]
+
+
 def labels(p: WarmProfile) -> dict:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": p.name, PROFILE_LABEL: p.name}
 
 
 def pod_spec(p: WarmProfile) -> dict:
     s = p.serving
-    gpus = str(s.tensor_parallel_size)
+    serve = serving_spec(p)
+    gpus = str(serve.tp * serve.pp)
     spec = {
         "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool, GENERATION_LABEL: generation(p)},
         "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],

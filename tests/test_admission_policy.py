@@ -123,3 +123,42 @@ def test_the_expressions_have_teeth_on_unset_maps(policy):
     assert policy.admit(request(new, old)) == (True, [])
     new["metadata"]["annotations"]["foreign.example/x"] = "y"
     assert policy.admit(request(new, old))[0] is False
+
+
+# --- the compile-cache publisher: its own Node, the two compile-cache annotations, nothing else -------------
+
+def _publisher_policy():
+    from nodewarm import profile
+    from nodewarm.nodeclasses.vllm import publisher_admission_policy
+    from profiles import v
+
+    p = profile.from_dict(v(spec__compileCache__verifyKey="A" * 43 + "=",
+                            spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))
+    pol = Policy.__new__(Policy)
+    spec = publisher_admission_policy(p)[0]["spec"]
+    env = celpy.Environment()
+    pol.spec = spec
+    pol.match = [env.program(env.compile(m["expression"])) for m in spec["matchConditions"]]
+    pol.checks = [(x["message"], env.program(env.compile(x["expression"]))) for x in spec["validations"]]
+    return pol, f"system:serviceaccount:{p.serving.namespace}:{p.name}-publisher"
+
+
+def test_the_publisher_may_only_record_the_compile_cache_outcome_on_its_own_node():
+    pol, user = _publisher_policy()
+    old = warm("node-a")
+    old["status"] = {"conditions": [{"type": "nodewarm.io/Warm", "status": "True"}]}
+    hit = copy.deepcopy(old)
+    hit["metadata"]["annotations"].update({"nodewarm.io/compile-cache": "hit",
+                                           "nodewarm.io/compile-cache-reason": "CompileCacheHit"})
+    assert pol.admit(request(hit, old, user=user)) == (True, [])
+    assert not pol.admit(request(hit, old, user=user, bound_node="node-b"))[0]        # another node's
+    relabel = copy.deepcopy(hit)
+    relabel["metadata"]["labels"]["nodewarm.io/generation"] = "0000000000000000"
+    assert not pol.admit(request(relabel, old, user=user))[0]
+    unwarm = copy.deepcopy(hit)
+    unwarm["status"]["conditions"][0]["status"] = "False"
+    assert not pol.admit(request(unwarm, old, user=user))[0]
+    other = copy.deepcopy(hit)
+    other["metadata"]["annotations"]["nodewarm.io/timeline"] = "{}"
+    assert not pol.admit(request(other, old, user=user))[0]
+    assert pol.admit(request(unwarm, old, user=AGENT)) == (True, [])    # not its business: the agent's policy

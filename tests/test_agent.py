@@ -60,6 +60,11 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     got = node.get(NODES, NODE)["metadata"]
     assert got["labels"][generation.GENERATION_LABEL] == generation.generation(p) == out["generation"]
     assert got["annotations"]["nodewarm.io/compile-cache"] == "cold"
+    # The agent keys with the serving image's software, never its own torch: none published yet -> RuntimeUnknown.
+    assert got["annotations"]["nodewarm.io/compile-cache-reason"] == "RuntimeUnknown"
+    # The baseline the publisher sidecar judges serving against, where the rendered pod mounts it.
+    baseline = json.loads((tmp_path / "nvme" / "compile-cache" / "nodewarm-baseline.json").read_text())
+    assert (baseline["restored"], baseline["reason"]) == (False, "RuntimeUnknown")
     assert set(json.loads(got["annotations"]["nodewarm.io/timeline"])) >= {"agent_started", "weights_done",
                                                                            "warm_reported"}
     # The node reported; it did not (and could not) lift its own taint.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
@@ -123,7 +123,7 @@ def compiled(tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_factors():
     spec = cachekey.ServingSpec("tests/compile_model.py", "1", image="sha256:" + "00" * 32)
-    return cachekey.build_factors(cachekey.probe_runtime(), spec, os.environ)
+    return cachekey.build_factors(cachekey.probe_runtime(), hardware.probe(env=os.environ), spec, os.environ)
 
 
 @pytest.fixture
@@ -202,13 +202,14 @@ def _probe(env: dict) -> dict:
 def test_a_node_picking_a_narrower_isa_refuses_the_bundle(published, tmp_path):
     """The ISA hazard: Inductor would hit and (AVX-512 -> AVX2, measured) return NaN; our key refuses."""
     store, verify_key = published
-    native = cachekey.probe_runtime().cpu_isa
+    native = hardware.probe(env={}).cpu_isa
     # A smaller node: AVX2 where the bundle was built with more, else no vector ISA at all.
     narrower = "avx2" if native != "avx2" else "default"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": narrower}
     probe = cachekey.probe_from_dict(_probe(env))
-    assert probe.cpu_isa != native
-    factors = cachekey.build_factors(probe, cachekey.ServingSpec("tests/compile_model.py", "1",
+    hw = hardware.probe(env=env)
+    assert hw.cpu_isa != native
+    factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("tests/compile_model.py", "1",
                                                                  image="sha256:" + "00" * 32), env)
     roots = node_roots(tmp_path / "nodeD")
     out = restore.restore(store, factors, roots, verify_key)
@@ -226,3 +227,58 @@ def test_copy_of_cache_without_restore_is_judged_cold(compiled, tmp_path):
     shutil.copytree(compiled[0] / "inductor", roots["inductor"])  # what a compile would leave
     verdict = hitcheck.verify_hit(roots, baseline, restored=False)
     assert (verdict.status, verdict.reason) == ("miss", "ColdCompile")
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.s3
+def test_node_b_hits_after_restore_and_the_hit_lands_on_its_node_through_the_publishers_identity(
+        published, real_factors, tmp_path, kube, admin, k, fresh_node):
+    """Real torch.compile on "node B" after a restore; the publisher sidecar's check (its rendered
+    ServiceAccount, patch nodes/status only) records ``hit`` on the Node."""
+    from kubernetes import config
+    from kubernetes.client.exceptions import ApiException
+
+    from nodewarm import instancetypes, profile
+    from nodewarm.bootstrap import nodestatus
+    from nodewarm.bootstrap.compilecache import servedcheck
+    from nodewarm.controller.kube import NODES
+    from nodewarm.kubeapply import apply
+    from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
+    from nodewarm.nodeclasses.render import render
+    from profiles import v
+
+    store, verify_key = published
+    name = "hit-" + uuid.uuid4().hex[:6]
+    p = profile.from_dict(v(metadata__name=name, spec__compileCache__verifyKey=signing.public_text(verify_key),
+                            spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))
+    docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-publisher"))
+    apply(admin, [sa] + [d for d in docs if d["kind"].startswith("ClusterRole")
+                         and "publisher" in d["metadata"]["name"]])
+    token = kube.service_account_token(sa["metadata"]["namespace"], sa["metadata"]["name"])
+    pub_api = config.new_client_from_config(config_file=str(kube.write_kubeconfig(tmp_path / "pub-kubeconfig",
+                                                                                   token, "publisher")))
+    fresh_node(name, [])
+
+    node = tmp_path / "nodeB"
+    roots = node_roots(node)
+    out = restore.restore(store, real_factors, roots, verify_key)
+    assert out.status == "restored", out.message
+    result = run_model(node)      # serving: a fresh process whose compile state is what node B holds
+    assert result["counters"].get("inductor.fxgraph_cache_hit") == 1, result
+
+    def report(outcome: str, reason: str, _message: str) -> None:
+        nodestatus.report_compile_cache(pub_api, name, outcome, reason)
+
+    served = servedcheck.prove_and_publish(store, roots, real_factors, signing.load_private(tmp_path / "k.pem"),
+                                           {"node": name}, out.as_baseline(), lambda: True,
+                                           publish.PublishSettings(quiet_s=0.5, poll_s=0.1, timeout_s=60), report)
+    assert (served.outcome, served.reason, served.published) == ("hit", "CompileCacheHit", None), served.message
+    got = k.get(NODES, name)["metadata"]["annotations"]
+    assert (got[CACHE_ANNOTATION], got[CACHE_REASON_ANNOTATION]) == ("hit", "CompileCacheHit")
+    # The same identity cannot touch the Node's spec (taints): only the status subresource.
+    with pytest.raises(ApiException) as denied:
+        nodestatus._call(pub_api, "PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": True}},
+                         nodestatus.STRATEGIC)
+    assert denied.value.status == 403

@@ -95,7 +95,7 @@ def test_warm_node_plan_removes_only_the_readiness_taint_and_records_in_one_patc
     assert dict(pl.durations)["launch_to_register"] == pytest.approx(60.0)
 
 
-@pytest.mark.parametrize("reported, label", [("restored", "restored"), ("cold", "cold"), ("hit", "hit"),
+@pytest.mark.parametrize("reported, label", [("restored", "unknown"), ("cold", "cold"), ("hit", "hit"), ("miss", "miss"),
                                               ("surprise", "unknown")])
 def test_compile_cache_outcome_label_takes_only_known_values(reported, label):
     after = apply_json_patch(node := node_obj(annotations={"nodewarm.io/compile-cache": reported}),

@@ -20,7 +20,7 @@ import pytest
 import zstandard
 
 from nodewarm import cli
-from nodewarm.bootstrap.compilecache import cachekey, hitcheck, publish, restore, signing
+from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, blob_key, envelope_key, parse_uri
 
@@ -28,12 +28,13 @@ pytestmark = pytest.mark.s3
 
 PROBE = cachekey.RuntimeProbe(
     torch_version="2.13.0+cpu", torch_build="d34d1007" * 8, cuda="", triton="", triton_build="", vllm="0.32.0",
-    vllm_path="/opt/venv/lib/python3.11/site-packages/vllm", python_prefix="/opt/venv", gpu_name="",
-    gpu_capability="", cpu_isa="avx512", cpu_threads=2,
+    vllm_path="/opt/venv/lib/python3.11/site-packages/vllm", python_prefix="/opt/venv",
 )
+HOST_A = Path(__file__).parent / "fixtures" / "hosts" / "p5-h100-avx512"
+HW_A = hardware.probe(HOST_A, {}, {})
 SPEC = cachekey.ServingSpec("s3://models/tiny-llama/", "r1", tp=1, pp=1, image="sha256:" + "cd" * 32,
                             engine={"dtype": "bfloat16", "max_model_len": "2048"})
-FACTORS = cachekey.build_factors(PROBE, SPEC, {"VLLM_USE_AOT_COMPILE": "1"})
+FACTORS = cachekey.build_factors(PROBE, HW_A, SPEC, {"VLLM_USE_AOT_COMPILE": "1"})
 HASH = "8f" * 32
 FAST = publish.PublishSettings(quiet_s=1.0, poll_s=0.2, timeout_s=30, settle_s=2.0)
 
@@ -158,7 +159,7 @@ def rclone_store(s3):
 def test_claim_protocol_yields_to_an_older_live_claim_but_not_to_a_stale_one(rclone_store, keys, tmp_path):
     """rclone ignores If-None-Match, so the claim protocol decides; a crashed writer cannot block forever."""
     env_key = envelope_key(cachekey.prefix(FACTORS, rclone_store.root), cachekey.key_id(FACTORS))
-    other = f"{env_key}.claims/{int(time.time() * 1000) - 1000:015d}-{uuid.uuid4().hex}"
+    other = f"{env_key}.claims/g1/{int(time.time() * 1000) - 1000:015d}-{uuid.uuid4().hex}"
     rclone_store.put(other, b"")  # another node claimed a second ago and is still uploading
     lost = publish.publish_once(rclone_store, _node(tmp_path, "a"), FACTORS, keys[0], {}, FAST)
     assert (lost.status, lost.protocol) == ("exists", "claim")
@@ -167,19 +168,19 @@ def test_claim_protocol_yields_to_an_older_live_claim_but_not_to_a_stale_one(rcl
     assert len(rclone_store.list(cachekey.prefix(FACTORS, rclone_store.root) + "blobs/")) == 1
 
     assert rclone_store.tidy(other)
-    rclone_store.put(f"{env_key}.claims/{0:015d}-{uuid.uuid4().hex}", b"")  # claimed in 1970, never finished
+    rclone_store.put(f"{env_key}.claims/g1/{0:015d}-{uuid.uuid4().hex}", b"")  # claimed in 1970, never finished
     won = publish.publish_once(rclone_store, _node(tmp_path, "b"), FACTORS, keys[0], {}, FAST)
     assert won.status == "published"
 
 
 def test_isa_mismatch_is_refused_and_named(rclone_store, keys, tmp_path):
     _publish(rclone_store, keys, tmp_path)
-    avx2 = cachekey.build_factors(dataclasses.replace(PROBE, cpu_isa="avx2"), SPEC, {"VLLM_USE_AOT_COMPILE": "1"})
+    avx2 = cachekey.build_factors(PROBE, dataclasses.replace(HW_A, cpu_isa="avx2"), SPEC, {"VLLM_USE_AOT_COMPILE": "1"})
     dest = _node(tmp_path, "avx2", compiled=False)
     out = restore.restore(rclone_store, avx2, dest, keys[1])
     assert (out.status, out.reason) == ("cold", "CacheKeyMismatch")
     assert [m.field for m in out.mismatches] == ["cpu_isa"]
-    assert "cpu_isa: node='avx2' bundle='avx512'" in out.message
+    assert "cpu_isa: node='avx2' bundle='avx512 avx512_vnni amx_tile'" in out.message
     assert "compile will be cold: CacheKeyMismatch" in out.condition_message()
     assert not any(p.exists() for p in dest.values())
 
@@ -188,16 +189,16 @@ def test_signed_manifest_with_other_factors_at_this_key_is_refused(rclone_store,
     """Every factor is compared, not just the key: torch version and GPU name named."""
     res = _publish(rclone_store, keys, tmp_path)
     manifest = signing.open_envelope(rclone_store.get_small(res.envelope_key), keys[1])
-    manifest["factors"].update(torch_version="2.12.0+cpu", gpu_name="NVIDIA A10G")
+    manifest["factors"].update(torch_version="2.12.0+cpu", gpu_model="a10g")
     rclone_store.put(res.envelope_key, signing.seal(manifest, keys[0]))
     out = restore.restore(rclone_store, FACTORS, _node(tmp_path, "b", compiled=False), keys[1])
     assert (out.status, out.reason) == ("cold", "CacheKeyMismatch")
-    assert {m.field for m in out.mismatches} == {"torch_version", "gpu_name"}
+    assert {m.field for m in out.mismatches} == {"torch_version", "gpu_model"}
 
 
 def test_other_torch_version_finds_nothing_under_its_prefix(rclone_store, keys, tmp_path):
     _publish(rclone_store, keys, tmp_path)
-    newer = cachekey.build_factors(dataclasses.replace(PROBE, torch_version="2.14.0+cpu"), SPEC, {})
+    newer = cachekey.build_factors(dataclasses.replace(PROBE, torch_version="2.14.0+cpu"), HW_A, SPEC, {})
     out = restore.restore(rclone_store, newer, _node(tmp_path, "b", compiled=False), keys[1])
     assert (out.status, out.reason) == ("cold", "CacheNotFound")
     assert "torch-2.14.0" in out.message
@@ -302,6 +303,7 @@ def test_cli_keygen_publish_restore_verify_hit(aws_env, tmp_path, capsys):
     runtime = tmp_path / "runtime.json"
     runtime.write_text(json.dumps({"runtime": dataclasses.asdict(PROBE), "env": {"VLLM_USE_AOT_COMPILE": "1"}}))
     spec = ["--model", SPEC.model, "--revision", "r1", "--image", SPEC.image, "--runtime", str(runtime),
+            "--host-root", str(HOST_A),
             "--engine-arg", "dtype=bfloat16", "--engine-arg", "max_model_len=2048"]
     a = _node(tmp_path, "a")
     assert cli.main(["publish", "--uri", "s3://cli-cc/cc", "--signing-key", str(tmp_path / "k.pem"), "--now",
@@ -341,42 +343,45 @@ def test_node_entry_point_restores_and_reports_bad_profile_values_as_cold(aws_en
     dest = _node(tmp_path, "b", compiled=False)
     dirs = CacheDirs(vllm_root=dest["vllm"].parent, inductor=dest["inductor"])
     env = {"VLLM_USE_AOT_COMPILE": "1"}
-    ok = restore.restore_for_node("s3://agent-cc/cc", verify, SPEC, dirs, PROBE, env)
+    ok = restore.restore_for_node("s3://agent-cc/cc", verify, SPEC, dirs, (PROBE, env), host_root=HOST_A)
     assert (ok.status, ok.hash_dirs) == ("restored", (f"torch_aot_compile/{HASH}",)), ok.message
     for uri, key, reason in (("s3://agent-cc/cc", "not-a-key", "InvalidSigningKey"),
                              ("gs://agent-cc/cc", verify, "InvalidCompileCacheUri")):
-        bad = restore.restore_for_node(uri, key, SPEC, dirs, PROBE, env)
+        bad = restore.restore_for_node(uri, key, SPEC, dirs, (PROBE, env), host_root=HOST_A)
         assert (bad.status, bad.reason) == ("cold", reason)
 
 
-def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_image(aws_env, keys, tmp_path,
-                                                                                   monkeypatch):
-    """The AL2023 host agent cannot import the serving image's torch: it keys the restore with the
-    runtime the publisher recorded from inside that image, verified with the profile's key."""
+def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_image(aws_env, keys, tmp_path):
+    """The AL2023 host agent (and the DaemonSet agent, whose own image is not the serving image) keys the
+    restore with the software the publisher recorded from inside the serving image, verified with the
+    profile's key and signed for exactly that image; the hardware is its own."""
     aws_env.create_bucket("host-cc")
     uri = "s3://host-cc/cc"
     verify = signing.public_text(keys[1])
     dest = _node(tmp_path, "host", compiled=False)
     dirs = CacheDirs(vllm_root=dest["vllm"].parent, inductor=dest["inductor"])
 
-    def no_torch():
-        raise ImportError("No module named 'torch'")
-
-    monkeypatch.setattr(cachekey, "probe_runtime", no_torch)
-    before = restore.restore_for_node(uri, verify, SPEC, dirs)
-    assert (before.status, before.reason) == ("cold", "RuntimeUnknown") and "torch is not importable" in before.message
+    before = restore.restore_for_node(uri, verify, SPEC, dirs, host_root=HOST_A)
+    assert (before.status, before.reason) == ("cold", "RuntimeUnknown") and SPEC.image in before.message
 
     env = {"VLLM_USE_AOT_COMPILE": "1"}
-    factors = cachekey.build_factors(PROBE, SPEC, env)
+    factors = cachekey.build_factors(PROBE, HW_A, SPEC, env)
     store = CacheStore(parse_uri(uri))
-    assert publish.publish_once(store, _node(tmp_path, "a"), factors, keys[0], {}, FAST).status == "published"
-    after = restore.restore_for_node(uri, verify, SPEC, dirs)
+    res = publish.publish_once(store, _node(tmp_path, "a"), factors, keys[0], {}, FAST, runtime=PROBE)
+    assert res.status == "published"
+    after = restore.restore_for_node(uri, verify, SPEC, dirs, host_root=HOST_A)
     assert (after.status, after.hash_dirs) == ("restored", (f"torch_aot_compile/{HASH}",)), after.message
+    assert after.hardware == HW_A
 
-    # A descriptor signed by another key is refused: the node stays cold, and says why.
-    other = signing.load_private(signing.generate(tmp_path / "other.pem").private_path)
+    from nodewarm.bootstrap.compilecache import runtimedesc
     from nodewarm.bootstrap.compilecache.cachestore import runtime_key
 
-    store.put(runtime_key(store.root, SPEC.image), signing.seal({"runtime": factors.runtime_probe(), "env": env}, other))
-    forged = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"))
+    # A descriptor signed by another key, or signed for another image, is refused: the node stays cold.
+    other = signing.load_private(signing.generate(tmp_path / "other.pem").private_path)
+    store.put(runtime_key(store.root, SPEC.image), signing.seal(runtimedesc.payload(SPEC.image, PROBE, env), other))
+    forged = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"), host_root=HOST_A)
     assert (forged.status, forged.reason) == ("cold", "BundleTampered")
+    store.put(runtime_key(store.root, SPEC.image),
+              signing.seal(runtimedesc.payload("sha256:" + "ee" * 32, PROBE, env), keys[0]))
+    swapped = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"), host_root=HOST_A)
+    assert (swapped.status, swapped.reason) == ("cold", "BundleTampered") and "not " + repr(SPEC.image) in swapped.message

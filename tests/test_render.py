@@ -256,13 +256,26 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
 
     doc = v(spec__compileCache__verifyKey="A" * 43 + "=",
             spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"},
-            spec__serving__extraArgs=["--gpu-memory-utilization=0.9"])
+            spec__serving__extraArgs=["--gpu-memory-utilization=0.9", "--quantization", "fp8",
+                                      '--compilation_config={"level": 3, "cudagraph_mode": "FULL"}',
+                                      "--pipeline-parallel-size=2", "--port=9000"])
     docs = rendered(doc)
     pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
     vllm_c, pub = pod["containers"]
-    # vLLM's environment (VLLM_*/TORCHINDUCTOR_* are in the key), plus the region (no instance metadata in pods).
+    # vLLM's environment (VLLM_*/TORCHINDUCTOR_* are in the key), plus the region (no instance metadata in pods)
+    # and the Node it runs on (it records hit|miss|cold there).
     assert pub["name"] == "nodewarm-publish" and pub["env"] == vllm_c["env"] + [
-        {"name": "AWS_REGION", "value": "us-west-2"}, {"name": "AWS_DEFAULT_REGION", "value": "us-west-2"}]
+        {"name": "AWS_REGION", "value": "us-west-2"}, {"name": "AWS_DEFAULT_REGION", "value": "us-west-2"},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    # TP x PP GPUs; the hit is proven against vLLM's health endpoint and the agent's baseline.
+    assert vllm_c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert pub["args"][pub["args"].index("--ready-url") + 1] == "http://127.0.0.1:8000/health"
+    assert pub["args"][pub["args"].index("--baseline") + 1] == "/compile-cache/nodewarm-baseline.json"
+    # Its ServiceAccount may patch nodes/status and nothing else.
+    role, = (d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].startswith("nodewarm-publisher"))
+    binding, = (d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qwen3-35b-publisher", "namespace": "default"}]
     assert pod["serviceAccountName"] == "qwen3-35b-publisher"
     sa = by_kind(docs, "ServiceAccount")
     assert sa["metadata"]["name"] == "qwen3-35b-publisher" and sa["metadata"]["namespace"] == "default"
@@ -273,6 +286,11 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/k8s-disks/0"))
     restored = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/k8s-disks/0"), "n")).spec
     assert published == restored
+    assert (published.tp, published.pp) == (2, 2)
+    assert {k: published.engine[k] for k in ("quantization", "compilation-config", "gpu-memory-utilization")} == {
+        "quantization": "fp8", "compilation-config": '{"cudagraph_mode":"FULL","level":3}',
+        "gpu-memory-utilization": "0.9"}
+    assert "port" not in published.engine       # how the HTTP server listens compiles nothing
     assert published.model == next(a for a in vllm_c["args"] if a.startswith("--model=")).split("=", 1)[1]
 
 

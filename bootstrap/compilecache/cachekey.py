@@ -5,9 +5,11 @@ AVX-512 and run where AVX2 is picked hits and returns NaN), and its C++ ``.so`` 
 install paths. So a bundle records every factor that feeds vLLM's hash-dir name or Inductor's keys,
 plus the ones Inductor forgets, and a node refuses any bundle that differs in one of them.
 
-Pure functions take their inputs (probe, serving spec, environment) as arguments; only
-``probe_runtime`` reads the live process (torch, triton, vllm, GPU, CPU ISA). The probe must run
-with the *serving* image's Python: the factors describe where vLLM will run, not the node agent.
+The key has two halves from two places. Hardware (GPU family, count, compute capability, CPU ISA) always
+comes from the node that compiles or restores (hardware.probe), never from another node's record. Software
+(torch, triton, vLLM builds and paths) comes from the serving image: ``probe_runtime`` run with the serving
+image's Python, or the signed per-image descriptor a publisher wrote from it. Pure functions take both as
+arguments.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-FORMAT = "nodewarm.compile-cache/v1"
+if TYPE_CHECKING:
+    from .hardware import NodeHardware
+
+FORMAT = "nodewarm.compile-cache/v2"
 
 # Environment variables that feed vLLM's env hash or Inductor's config (and so the cache keys).
 _ENV_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
@@ -42,7 +47,7 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{16}$")
 
 @dataclass(frozen=True)
 class RuntimeProbe:
-    """What the serving runtime is. Read inside the serving image (``probe_runtime``) or injected."""
+    """What the serving image's software is (no hardware: that is the node's, see hardware.py)."""
 
     torch_version: str
     torch_build: str          # torch_key(): hash of the torch version and every torch source file
@@ -52,10 +57,6 @@ class RuntimeProbe:
     vllm: str                 # "" when vllm is not installed
     vllm_path: str            # vLLM's non-AOT code hash includes traced source file paths
     python_prefix: str        # C++ .so keys embed the python and torch include paths
-    gpu_name: str             # get_device_properties().name; "" without a GPU
-    gpu_capability: str
-    cpu_isa: str              # Inductor's picked vector ISA: not in its own key (the NaN hazard)
-    cpu_threads: int          # in Inductor's key for CPU C++ kernels built without dynamic threads
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,11 @@ class ServingSpec:
 class Factors:
     """Everything two nodes must agree on to share a compile cache. Compared field by field."""
 
-    gpu_name: str
+    gpu_model: str            # hardware.gpu_family of this node's GPU; "" without one
+    gpu_count: int
     gpu_capability: str
+    cpu_isa: str              # Inductor's picked vector ISA: not in its own key (the NaN hazard)
+    cpu_threads: int          # in Inductor's key for CPU C++ kernels built without dynamic threads
     cuda: str
     torch_version: str
     torch_build: str
@@ -84,8 +88,6 @@ class Factors:
     vllm: str
     vllm_path: str
     python_prefix: str
-    cpu_isa: str
-    cpu_threads: int
     model: str
     revision: str
     tp: int
@@ -102,10 +104,6 @@ class Factors:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Factors":
         return _from_fields(cls, d, "factors")
-
-    def runtime_probe(self) -> dict[str, Any]:
-        """The runtime part of the factors, in RuntimeProbe's dict form (probe_from_dict reads it back)."""
-        return {f.name: getattr(self, f.name) for f in fields(RuntimeProbe)}
 
 
 @dataclass(frozen=True)
@@ -136,14 +134,15 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def build_factors(probe: RuntimeProbe, spec: ServingSpec, env: Mapping[str, str]) -> Factors:
-    # Thread count only keys CPU C++ kernels; on a GPU node it would refuse bundles for nothing.
-    threads = probe.cpu_threads if not probe.gpu_name else 0
+def build_factors(probe: RuntimeProbe, hw: "NodeHardware", spec: ServingSpec, env: Mapping[str, str]) -> Factors:
+    """Software from the serving image, hardware from this node (hardware.probe), the serving spec."""
     return Factors(
-        gpu_name=probe.gpu_name, gpu_capability=probe.gpu_capability, cuda=probe.cuda,
+        gpu_model=hw.gpu_model, gpu_count=hw.gpu_count, gpu_capability=hw.gpu_capability,
+        # Thread count only keys CPU C++ kernels; on a GPU node it would refuse bundles for nothing.
+        cpu_isa=hw.cpu_isa, cpu_threads=hw.cpu_threads if not hw.gpu_model else 0, cuda=probe.cuda,
         torch_version=probe.torch_version, torch_build=probe.torch_build,
         triton=probe.triton, triton_build=probe.triton_build, vllm=probe.vllm, vllm_path=probe.vllm_path,
-        python_prefix=probe.python_prefix, cpu_isa=probe.cpu_isa, cpu_threads=threads,
+        python_prefix=probe.python_prefix,
         model=spec.model, revision=spec.revision, tp=spec.tp, pp=spec.pp, image=spec.image,
         engine={str(k): str(v) for k, v in sorted(spec.engine.items())}, env=relevant_env(env),
     )
@@ -170,19 +169,21 @@ def _slug(text: str, limit: int = 64) -> str:
 def prefix(factors: Factors, root: str = "") -> str:
     """Human-readable S3 prefix: an operator can see which runtime and model a bundle is for.
 
-    <root>/v1/<gpu>/cuda-<v>/torch-<v>+<build12>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/<image12>/
-    Factors not shown here (ISA, paths, env, engine flags) are in the manifest and in ``key_id``.
+    <root>/v2/cuda-<v>/torch-<v>+<build12>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<image12>/<gpu>x<count>/
+    The hardware comes last, so a node finds the bundles of the same software and model built on other
+    hardware beside its own and can name how they differ. Factors not shown here (ISA, paths, env, engine
+    flags) are in the manifest and in ``key_id``.
     """
     image = factors.image.split(":")[-1] if factors.image else ""
     parts = [
-        "v1",
-        _slug(factors.gpu_name or "cpu"),
+        "v2",
         "cuda-" + _slug(factors.cuda or "none"),
         "torch-" + _slug(factors.torch_version) + "+" + factors.torch_build[:12],
         "vllm-" + _slug(factors.vllm or "none"),
         _slug(factors.model, 96) + "@" + _slug(factors.revision or "none", 40),
         f"tp{factors.tp}-pp{factors.pp}",
         "image-" + (_slug(image)[:12] if image else "none"),
+        _slug(factors.gpu_model or "cpu") + f"x{factors.gpu_count}",
     ]
     root = root.strip("/")
     return (root + "/" if root else "") + "/".join(parts) + "/"
@@ -205,17 +206,11 @@ def compare(node: Factors, bundle: Mapping[str, Any]) -> list[Mismatch]:
 
 
 def probe_runtime() -> RuntimeProbe:
-    """Read the live runtime. Imports torch, so run it in the serving image, once per node."""
+    """Read the live runtime's software. Imports torch, so run it in the serving image."""
     import torch
     from torch._inductor.codecache import torch_key
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     cuda = torch.version.cuda or getattr(torch.version, "hip", None) or ""
-    gpu_name = gpu_cap = ""
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        gpu_name = getattr(props, "gcnArchName", None) if torch.version.hip else props.name
-        gpu_cap = f"{props.major}.{props.minor}"
     triton = triton_build = ""
     try:
         import triton as _triton
@@ -234,8 +229,7 @@ def probe_runtime() -> RuntimeProbe:
     return RuntimeProbe(
         torch_version=torch.__version__, torch_build=torch_key().hex(), cuda=cuda,
         triton=triton, triton_build=triton_build, vllm=vllm, vllm_path=vllm_path,
-        python_prefix=sys.prefix, gpu_name=gpu_name or "", gpu_capability=gpu_cap,
-        cpu_isa=str(pick_vec_isa()), cpu_threads=torch.get_num_threads(),
+        python_prefix=sys.prefix,
     )
 
 
@@ -272,6 +266,7 @@ class BundleManifest:
     hash_dirs: tuple[str, ...]     # vLLM hash dir names inside (the ground truth for a vLLM hit)
     graphs: tuple[str, ...]        # Inductor FX graph keys inside
     producer: Mapping[str, str]    # node, instance type, time: for operators, never compared
+    generation: int = 1            # 1 for the first bundle of a key; +1 each time a stale one is replaced
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -285,6 +280,8 @@ class BundleManifest:
         missing = names - set(d)
         if missing:
             raise ValueError(f"manifest lacks {sorted(missing)}")
+        if not isinstance(d["generation"], int) or d["generation"] < 1:
+            raise ValueError(f"manifest generation {d['generation']!r} is not a positive integer")
         kw = {k: d[k] for k in names}
         for k in ("roots", "hash_dirs", "graphs"):
             kw[k] = tuple(kw[k])

@@ -2,10 +2,13 @@
 
 Layout under ``compileCache.uri`` (see cachekey.prefix for the readable part)::
 
-    <uri>/v1/<gpu>/cuda-<v>/torch-<v>+<build>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<digest>/
-        <key_id>.json                 signed envelope: the commit point, written once
-        <key_id>.json.claims/<t>-<id> claims, only on servers without conditional writes
+    <uri>/v2/cuda-<v>/torch-<v>+<build>/vllm-<v>/<model>@<rev>/tp<N>-pp<M>/image-<digest>/<gpu>x<count>/
+        <key_id>.json                 signed envelope: the key's current bundle (its manifest has a generation);
+                                      created If-None-Match: *, replaced only If-Match its ETag when stale
+        <key_id>.json.claims/g<N>/<t>-<id>  claims to write generation N, only on servers without conditional writes
+        <key_id>.json.stale/<N>       generation N was proven to miss in serving (or its hash dirs are outdated)
         blobs/<sha256>.tar.zst        the archive, content-addressed and never overwritten
+    <uri>/runtimes/<sha256(image)[:16]>.json   the serving image's software, signed (runtimedesc)
 
 Readers only follow an envelope to the blob it names, and a blob never changes, so a reader can
 never pair a manifest with another node's archive, whatever the server does with preconditions.
@@ -46,8 +49,12 @@ def envelope_key(prefix: str, key_id: str) -> str:
 
 
 def runtime_key(root: str, image: str) -> str:
-    """Where the serving image's runtime descriptor lives (see restore.serving_runtime)."""
+    """Where the serving image's runtime descriptor lives (see runtimedesc)."""
     return f"{root}runtimes/{hashlib.sha256(image.encode()).hexdigest()[:16]}{ENVELOPE_SUFFIX}"
+
+
+def stale_key(env_key: str, generation: int) -> str:
+    return f"{env_key}.stale/{generation}"
 
 
 def blob_key(prefix: str, sha256: str) -> str:
@@ -95,6 +102,12 @@ class CacheStore:
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return sorted(keys)
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        """The "folders" right under ``prefix`` (S3 CommonPrefixes), first page only: enough to name a neighbour."""
+        page = self._call(lambda: self.client.list_objects_v2(Bucket=self.uri.bucket, Prefix=prefix, Delimiter="/"),
+                          "list", prefix)
+        return sorted(p["Prefix"] for p in page.get("CommonPrefixes", []))
 
     def get_small(self, key: str, limit: int = MAX_ENVELOPE_BYTES) -> bytes:
         resp = self._call(lambda: self.client.get_object(Bucket=self.uri.bucket, Key=key), "GET", key)
@@ -149,6 +162,30 @@ class CacheStore:
             return True
         except NodewarmError as e:
             # 412: someone wrote it first. 409: a concurrent conditional write is still in flight.
+            response = getattr(e.__cause__, "response", None) or {}
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
+                return False
+            raise
+
+    def get_with_etag(self, key: str, limit: int = MAX_ENVELOPE_BYTES) -> tuple[bytes, str] | None:
+        """A small object and its ETag (for a later If-Match), or None when absent."""
+        try:
+            resp = self._call(lambda: self.client.get_object(Bucket=self.uri.bucket, Key=key), "GET", key)
+        except S3ObjectMissing:
+            return None
+        data = resp["Body"].read(limit + 1)
+        if len(data) > limit:
+            raise NodewarmError(f"s3://{self.uri.bucket}/{key} is larger than {limit} bytes; not a manifest",
+                                reason="BundleTampered")
+        return data, resp["ETag"]
+
+    def put_if_match(self, key: str, body: bytes, etag: str) -> bool:
+        """PUT with If-Match: ETAG; False when the object changed (412) or is being written (409)."""
+        try:
+            self._call(lambda: self.client.put_object(Bucket=self.uri.bucket, Key=key, Body=body, IfMatch=etag),
+                       "PUT-if-match", key)
+            return True
+        except NodewarmError as e:
             response = getattr(e.__cause__, "response", None) or {}
             if response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
                 return False

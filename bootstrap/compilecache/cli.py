@@ -18,7 +18,8 @@ from nodewarm.errors import NodewarmError
 from . import cachekey
 
 RUNTIME_HELP = ("JSON written by `nodewarm bootstrap compile-cache key --runtime-only` inside the serving image "
-                "(default: probe this process's torch/vllm/triton/GPU/CPU and environment)")
+                "(key/publish default: probe this process, which must be the serving image; restore default: the "
+                "image's signed runtime descriptor in the bucket)")
 
 KEY_DESCRIPTION = """\
 Print this node's compile-cache key: every factor (GPU name, CUDA, torch version and build hash,
@@ -59,6 +60,12 @@ def _add_spec(p: argparse.ArgumentParser, model_required: bool = True) -> None:
     g.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a vLLM flag that feeds its config hash (dtype, max_model_len, compile sizes...); repeatable")
     g.add_argument("--runtime", type=Path, help=RUNTIME_HELP)
+    h = p.add_argument_group("this node's hardware (always read here: GPU from NVML, /proc/driver/nvidia or the "
+                             "Node's labels; CPU ISA from /proc/cpuinfo)")
+    h.add_argument("--host-root", type=Path, default=Path("/"), help="where the host's /proc is (default /)")
+    h.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label of this Node (node.kubernetes.io/instance-type, karpenter.k8s.aws/instance-gpu-name, "
+                        "nvidia.com/gpu.product...); repeatable")
 
 
 def _add_dirs(p: argparse.ArgumentParser) -> None:
@@ -79,9 +86,10 @@ def _dirs(args):
     return given if explicit else CacheDirs.from_env(os.environ)
 
 
-def _runtime(path: Path | None) -> tuple[cachekey.RuntimeProbe, dict[str, str]]:
+def _runtime(path: Path | None) -> tuple[cachekey.RuntimeProbe, dict[str, str]] | None:
+    """The serving runtime from --runtime; None when not given."""
     if path is None:
-        return cachekey.probe_runtime(), cachekey.relevant_env(os.environ)
+        return None
     try:
         doc = json.loads(path.read_text())
         return cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"])
@@ -90,19 +98,28 @@ def _runtime(path: Path | None) -> tuple[cachekey.RuntimeProbe, dict[str, str]]:
                             reason="InvalidRuntime") from None
 
 
-def _spec(args) -> cachekey.ServingSpec:
-    engine = {}
-    for item in args.engine_arg:
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise NodewarmError(f"--engine-arg {item!r} is not KEY=VALUE", reason="InvalidArgument")
-        engine[k] = v
-    return cachekey.ServingSpec(args.model, args.revision, args.tp, args.pp, args.image, engine)
+            raise NodewarmError(f"{flag} {item!r} is not KEY=VALUE", reason="InvalidArgument")
+        out[k] = v
+    return out
 
 
-def _factors(args) -> cachekey.Factors:
-    probe, env = _runtime(args.runtime)
-    return cachekey.build_factors(probe, _spec(args), env)
+def _spec(args) -> cachekey.ServingSpec:
+    return cachekey.ServingSpec(args.model, args.revision, args.tp, args.pp, args.image,
+                                _pairs(args.engine_arg, "--engine-arg"))
+
+
+def _factors(args) -> tuple[cachekey.Factors, cachekey.RuntimeProbe]:
+    """Key factors where this process is the serving image (key, publish): its software, this node's hardware."""
+    from . import hardware
+
+    probe, env = _runtime(args.runtime) or (cachekey.probe_runtime(), cachekey.relevant_env(os.environ))
+    hw = hardware.probe(args.host_root, _pairs(args.node_label, "--node-label"), env)
+    return cachekey.build_factors(probe, hw, _spec(args), env), probe
 
 
 def _print(doc: dict) -> None:
@@ -116,7 +133,7 @@ def _run_key(args) -> int:
         return 0
     if not args.model:
         raise NodewarmError("--model is required unless --runtime-only", reason="InvalidArgument")
-    factors = _factors(args)
+    factors, _ = _factors(args)
     root = ""
     if args.uri:
         from .cachestore import parse_uri
@@ -138,10 +155,11 @@ def _run_keygen(args) -> int:
 def _run_restore(args) -> int:
     from . import hitcheck, restore
 
-    probe, env = _runtime(args.runtime)
-    result = restore.restore_for_node(args.uri, args.verify_key, _spec(args), _dirs(args), probe, env)
+    result = restore.restore_for_node(args.uri, args.verify_key, _spec(args), _dirs(args), _runtime(args.runtime),
+                                      host_root=args.host_root,
+                                      node_labels=_pairs(args.node_label, "--node-label"))
     if args.baseline_out:
-        hitcheck.save_baseline(args.baseline_out, result.baseline, restored=result.status == "restored")
+        hitcheck.save_baseline(args.baseline_out, result.as_baseline())
     if args.json:
         _print(result.to_dict())
     else:
@@ -154,8 +172,8 @@ def _run_restore(args) -> int:
 def _run_verify_hit(args) -> int:
     from . import hitcheck
 
-    baseline, restored = hitcheck.load_baseline(args.baseline)
-    result = hitcheck.verify_hit(_dirs(args).roots(), baseline, restored=restored, log_path=args.log)
+    baseline = hitcheck.load_baseline(args.baseline)
+    result = hitcheck.verify_hit(_dirs(args).roots(), baseline.snapshot, restored=baseline.restored, log_path=args.log)
     if args.json:
         _print(result.to_dict())
     else:
@@ -171,16 +189,48 @@ def _run_publish(args) -> int:
     settings = publish.PublishSettings(quiet_s=args.quiet_seconds, timeout_s=args.timeout,
                                        settle_s=args.claim_settle_seconds)
     store = CacheStore(parse_uri(args.uri))
-    factors, roots, producer = _factors(args), _dirs(args).roots(), publish.producer_info(os.environ)
+    (factors, probe), roots, producer = _factors(args), _dirs(args).roots(), publish.producer_info(os.environ)
+    if args.ready_url:
+        return _prove_and_publish(args, store, roots, factors, key, producer, settings, probe)
     if args.now:
-        result = publish.publish_once(store, roots, factors, key, producer, settings)
+        result = publish.publish_once(store, roots, factors, key, producer, settings, runtime=probe)
     else:
-        result = publish.watch_and_publish(store, roots, factors, key, producer, settings)
+        result = publish.watch_and_publish(store, roots, factors, key, producer, settings, runtime=probe)
     if args.json:
         _print(dataclasses.asdict(result))
     else:
         print(f"{result.status}: {result.message}")
     if result.status == "timeout":
+        raise NodewarmError(result.message, reason="PublishTimeout")
+    return 0
+
+
+def _prove_and_publish(args, store, roots, factors, key, producer, settings, probe) -> int:
+    from . import hitcheck, servedcheck
+
+    if args.baseline and args.baseline.is_file():
+        baseline = hitcheck.load_baseline(args.baseline)
+    else:       # the agent restored nothing here (no compile cache configured when it warmed): a cold node
+        baseline = hitcheck.Baseline(hitcheck.snapshot(roots), False, "NoBaseline")
+    report = None
+    if args.node_name:
+        from nodewarm.bootstrap.agent_cli import _api_client
+        from nodewarm.bootstrap.nodestatus import report_compile_cache
+
+        api = _api_client(args.kubeconfig)
+
+        def report(outcome: str, reason: str, _message: str) -> None:
+            report_compile_cache(api, args.node_name, outcome, reason)
+    result = servedcheck.prove_and_publish(store, roots, factors, key, producer, baseline,
+                                           servedcheck.http_ready(args.ready_url), settings, report, probe)
+    doc = {"outcome": result.outcome, "reason": result.reason, "message": result.message,
+           "verdict": result.verdict.to_dict() if result.verdict else None,
+           "published": dataclasses.asdict(result.published) if result.published else None}
+    if args.json:
+        _print(doc)
+    else:
+        print(f"{result.outcome}: {result.reason}: {result.message}")
+    if result.outcome is None:
         raise NodewarmError(result.message, reason="PublishTimeout")
     return 0
 
@@ -230,6 +280,12 @@ def register_top(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, help="give up watching after this many seconds (default: never)")
     p.add_argument("--claim-settle-seconds", type=float, default=5.0,
                    help="claim protocol wait on servers without conditional writes (default 5)")
+    p.add_argument("--ready-url", help="vLLM's health URL: once it answers, prove hit/miss against --baseline, "
+                   "report it on the Node and republish on a miss (instead of waiting for a compile)")
+    p.add_argument("--baseline", type=Path, help="the snapshot the node agent saved after its restore")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="this Node, to record hit|miss|cold on (default $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="credentials for the Node write (default: $KUBECONFIG, else in-cluster)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_spec(p)
     _add_dirs(p)

@@ -9,6 +9,7 @@ compare the cache trees with the snapshot taken right after the restore and read
 * only a new precompiled header -> miss (graphs hit, but ~5 s of gcc on CPU)
 * vLLM log says it compiled     -> miss
 * vLLM log / counters say loaded from cache, and nothing new on disk -> hit
+* serving became ready (``served``) and wrote no compiled output after a restore -> hit
 * no evidence either way        -> unknown (e.g. vLLM's cache is not where we looked)
 
 ``snapshot`` and ``read_log`` do the I/O; ``judge`` is pure.
@@ -133,7 +134,7 @@ def _short(names, n: int = 3) -> str:
 
 
 def judge(baseline: TreeSnapshot, current: TreeSnapshot, *, restored: bool,
-          log: LogEvidence | None = None, counters: Mapping[str, int] | None = None) -> HitResult:
+          log: LogEvidence | None = None, counters: Mapping[str, int] | None = None, served: bool = False) -> HitResult:
     """Decide hit or miss from what changed on disk since the restore, vLLM's log and Inductor counters."""
     log = log or LogEvidence()
     counters = counters or {}
@@ -177,6 +178,10 @@ def judge(baseline: TreeSnapshot, current: TreeSnapshot, *, restored: bool,
     if log.loaded or fx_hits:
         return HitResult("hit", "CompileCacheHit", "serving loaded compiled graphs from the restored cache; "
                          "nothing was recompiled", **common)
+    if served and restored:
+        # vLLM compiles before its health endpoint answers: ready with nothing new on disk means it loaded.
+        return HitResult("hit", "CompileCacheHit", "vLLM became ready without writing any compiled output: it "
+                         "loaded everything from the restored cache", **common)
     return HitResult("unknown", "NoCompileActivity", "no compile activity seen in the cache dirs or the log: "
                      "check that vLLM uses the restored cache dir and that the log was given", **common)
 
@@ -188,16 +193,30 @@ def read_log(path: Path, limit: int = 64 << 20) -> LogEvidence:
         return scan_log(f.read().decode(errors="replace"))
 
 
-def save_baseline(path: Path, snap: TreeSnapshot, restored: bool) -> None:
+@dataclass(frozen=True)
+class Baseline:
+    """What the node agent saw right after its restore: the snapshot and which bundle it restored."""
+
+    snapshot: TreeSnapshot
+    restored: bool
+    reason: str = ""              # the restore's reason (Restored, CacheNotFound, CacheKeyMismatch...)
+    envelope_key: str = ""        # the restored bundle's envelope ("" when cold)
+    generation: int = 0
+
+
+def save_baseline(path: Path, baseline: Baseline) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"restored": restored, "snapshot": snap.to_dict()}, indent=1))
+    tmp.write_text(json.dumps({"restored": baseline.restored, "reason": baseline.reason,
+                               "envelopeKey": baseline.envelope_key, "generation": baseline.generation,
+                               "snapshot": baseline.snapshot.to_dict()}, indent=1))
     os.replace(tmp, path)
 
 
-def load_baseline(path: Path) -> tuple[TreeSnapshot, bool]:
+def load_baseline(path: Path) -> Baseline:
     doc = json.loads(Path(path).read_text())
-    return TreeSnapshot.from_dict(doc["snapshot"]), bool(doc["restored"])
+    return Baseline(TreeSnapshot.from_dict(doc["snapshot"]), bool(doc["restored"]), str(doc.get("reason", "")),
+                    str(doc.get("envelopeKey", "")), int(doc.get("generation", 0)))
 
 
 def verify_hit(roots: Mapping[str, Path], baseline: TreeSnapshot, *, restored: bool,

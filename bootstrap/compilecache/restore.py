@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import shutil
 import tempfile
 import time
@@ -30,8 +29,8 @@ from nodewarm.errors import NodewarmError
 
 from ..localwrite import write_error
 from ..weights import capacity
-from . import bundle, cachekey, hitcheck, signing
-from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri, runtime_key
+from . import bundle, cachekey, hardware, hitcheck, runtimedesc, signing
+from .cachestore import ENVELOPE_SUFFIX, CacheStore, envelope_key, parse_uri
 
 log = logs.get("bootstrap.compilecache")
 
@@ -72,12 +71,19 @@ class RestoreResult:
     hash_dirs: tuple[str, ...] = ()
     mismatches: tuple[cachekey.Mismatch, ...] = ()
     seconds: float = 0.0
+    generation: int = 0
+    hardware: hardware.NodeHardware | None = None
     baseline: hitcheck.TreeSnapshot = field(default_factory=hitcheck.TreeSnapshot)  # for verify_hit
+
+    def as_baseline(self) -> hitcheck.Baseline:
+        return hitcheck.Baseline(self.baseline, self.status == "restored", self.reason, self.envelope_key,
+                                 self.generation)
 
     def condition_message(self) -> str:
         """One line for the node condition the caller sets."""
         if self.status == "restored":
-            return f"compile cache restored ({self.files} files, {self.bytes} bytes) from {self.envelope_key}"
+            return (f"compile cache restored ({self.files} files, {self.bytes} bytes) from {self.envelope_key} "
+                    f"generation {self.generation}; the hit is proven once vLLM serves")
         return f"compile will be cold: {self.reason}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,7 +91,8 @@ class RestoreResult:
             "status": self.status, "reason": self.reason, "message": self.message,
             "envelopeKey": self.envelope_key, "sha256": self.sha256, "files": self.files, "bytes": self.bytes,
             "hashDirs": list(self.hash_dirs), "mismatches": [dataclasses.asdict(m) for m in self.mismatches],
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "generation": self.generation,
+            "hardware": dataclasses.asdict(self.hardware) if self.hardware else None,
         }
 
 
@@ -112,8 +119,13 @@ def choose(store: CacheStore, factors: cachekey.Factors, verify_key: Ed25519Publ
             raise signing.BundleTampered(f"bundle {want} points outside its prefix: {manifest.blob_key}")
         return manifest
     if not envelopes:
-        raise CacheNotFound(f"no compile-cache bundle under s3://{store.uri.bucket}/{prefix} (first node for "
-                            "this runtime and model: it will compile and publish)")
+        # Same software and model built on other hardware sits beside this prefix: name how it differs.
+        parent = prefix.rstrip("/").rpartition("/")[0] + "/"
+        envelopes = [k for d in store.list_dirs(parent)[:_MAX_CANDIDATES] if d != prefix
+                     for k in store.list(d) if k.endswith(ENVELOPE_SUFFIX)]
+        if not envelopes:
+            raise CacheNotFound(f"no compile-cache bundle under s3://{store.uri.bucket}/{prefix} (first node for "
+                                "this runtime and model: it will compile and publish)")
     # Same readable prefix, different fine factors (ISA, paths, env, engine flags): name them.
     best: list[cachekey.Mismatch] | None = None
     best_key = ""
@@ -208,7 +220,7 @@ def restore(store: CacheStore, factors: cachekey.Factors, roots: Mapping[str, Pa
         + (f"; bundle roots with no local dir skipped: {skipped}" if skipped else ""),
         envelope_key=envelope_key(cachekey.prefix(factors, store.root), manifest.key_id), sha256=manifest.sha256,
         files=extracted.files, bytes=extracted.bytes, hash_dirs=manifest.hash_dirs,
-        seconds=time.monotonic() - start, baseline=hitcheck.snapshot(roots),
+        seconds=time.monotonic() - start, generation=manifest.generation, baseline=hitcheck.snapshot(roots),
     )
     log.info("compilecache.restore.done", key=result.envelope_key, files=result.files, bytes=result.bytes,
              moved={k: v[0] for k, v in moved.items()}, kept={k: v[1] for k, v in moved.items()},
@@ -217,50 +229,25 @@ def restore(store: CacheStore, factors: cachekey.Factors, roots: Mapping[str, Pa
 
 
 def restore_for_node(uri: str, verify_key: str, spec: cachekey.ServingSpec, dirs: bundle.CacheDirs,
-                     probe: cachekey.RuntimeProbe | None = None, env: Mapping[str, str] | None = None,
+                     runtime: tuple[cachekey.RuntimeProbe, Mapping[str, str]] | None = None, *,
+                     host_root: Path = Path("/"), node_labels: Mapping[str, str] | None = None,
                      settings: RestoreSettings = RestoreSettings()) -> RestoreResult:
     """The node agent's entry point, after the weights: profile values in, a result for the condition out.
 
-    ``uri`` and ``verify_key`` are the profile's compileCache.uri and compileCache.verifyKey. ``probe``
-    and ``env`` describe the serving runtime (from `compile-cache key --runtime-only` run in the
-    serving image); by default this process is probed. A bad URI or key is reported as a cold
-    result too: the weights still warm.
+    ``uri`` and ``verify_key`` are the profile's compileCache.uri and compileCache.verifyKey. ``runtime`` is
+    the serving image's software and env (from `compile-cache key --runtime-only` run in that image); by
+    default the image's signed descriptor (runtimedesc) is read: the agent never keys with its own
+    process's torch, which is not the serving image's. Hardware is always this node's (``host_root``, the
+    Node's labels). Any problem, a bad URI or key included, is a cold result: the weights still warm.
     """
     roots = dirs.roots()
     try:
         store = CacheStore(parse_uri(uri))
         key = signing.load_public(verify_key)
-        if probe is None:
-            probe, env = serving_runtime(store, spec, key, env)
+        probe, env = runtime if runtime is not None else runtimedesc.read(store, spec.image, key)
     except NodewarmError as e:
         return RestoreResult("cold", e.reason, " ".join(str(e).split()), baseline=hitcheck.snapshot(roots))
-    factors = cachekey.build_factors(probe, spec, os.environ if env is None else env)
-    return restore(store, factors, roots, key, settings, dirs.base)
+    hw = hardware.probe(host_root, node_labels, env)
+    factors = cachekey.build_factors(probe, hw, spec, env)
+    return dataclasses.replace(restore(store, factors, roots, key, settings, dirs.base), hardware=hw)
 
-
-class RuntimeUnknown(NodewarmError):
-    reason = "RuntimeUnknown"
-
-
-def serving_runtime(store: CacheStore, spec: cachekey.ServingSpec, verify_key: Ed25519PublicKey,
-                    env: Mapping[str, str] | None) -> tuple[cachekey.RuntimeProbe, Mapping[str, str] | None]:
-    """The serving runtime the key must describe.
-
-    Where this process has the serving image's torch (a DaemonSet built from it, the demo, tests) it is
-    probed here. On a host that has no torch (the AL2023 artifact), the signed descriptor the publisher
-    wrote from inside the serving image is used: same signature key as the bundles, looked up by image.
-    """
-    try:
-        return cachekey.probe_runtime(), env
-    except ImportError:
-        pass
-    desc_key = runtime_key(store.root, spec.image)
-    if not store.exists(desc_key):
-        raise RuntimeUnknown(f"torch is not importable here and no runtime descriptor for image {spec.image!r} "
-                             f"is at s3://{store.uri.bucket}/{desc_key}: the first node compiles and publishes "
-                             "it (or pass --runtime from `compile-cache key --runtime-only` in the serving image)")
-    doc = signing.open_envelope(store.get_small(desc_key), verify_key)
-    try:
-        return cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise signing.BundleTampered(f"signed runtime descriptor {desc_key} is malformed: {e}") from None

@@ -96,7 +96,7 @@ def compile_probe(cache_dir: Path, env: dict | None = None) -> dict:
 def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dict]:
     """'Node A' compiles cold, then publishes its cache, signed, first writer wins. Returns the verify key
     and the cold probe (the baseline's compile time)."""
-    from nodewarm.bootstrap.compilecache import cachekey, publish, signing
+    from nodewarm.bootstrap.compilecache import cachekey, hardware, publish, signing
     from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
     base = work / "node-a" / "compile-cache"
@@ -107,9 +107,13 @@ def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dic
     pch = tmp / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
     pair = signing.generate(work / "signing.key")
     store = CacheStore(parse_uri(f"s3://{CACHE_BUCKET}/{PROFILE_NAME}/"))
-    factors = cachekey.build_factors(cachekey.probe_runtime(), spec, cachekey.relevant_env(os.environ))
+    env = cachekey.relevant_env(os.environ)
+    # This process stands in for the serving image (its software goes into the image's descriptor, which the
+    # nodes' agents read); the demo nodes share this machine's hardware.
+    probe = cachekey.probe_runtime()
+    factors = cachekey.build_factors(probe, hardware.probe(env=env), spec, env)
     result = publish.publish_once(store, {"inductor": inductor, "pch": pch}, factors, signing.load_private(pair.private_path),
-                                  publish.producer_info(os.environ))
+                                  publish.producer_info(os.environ), runtime=probe)
     log.info("demo.compile_cache.published", status=result.status, key=result.envelope_key, cold_first_call_s=cold["first_call_s"])
     if result.status not in ("published", "exists"):
         raise RuntimeError(f"could not publish the seed compile cache: {result.message}")
