@@ -214,8 +214,19 @@ class Controller:
         if kind == "DELETED" and claim:
             # Nothing to undo: the record lived on the Node. The NodeClaim is Karpenter's to clean up.
             self.log.info("node.deleted", node=(old or new).name, nodeclaim=claim)
+        self._count_served_cache_outcome(kind, old, new)
         if claim:
             self.queue.add(f"claim/{claim}")
+
+    def _count_served_cache_outcome(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
+        """hit|miss arrive after the taint is lifted, when the publisher proves them in serving: count each
+        change to one once (a change, not a state: a restarted controller listing old nodes counts nothing)."""
+        if kind != "MODIFIED" or old is None or new is None or not self.is_leader.is_set():
+            return
+        was, now = old.annotations.get(planner.CACHE_ANNOTATION), new.annotations.get(planner.CACHE_ANNOTATION)
+        if now != was and now in ("hit", "miss"):
+            self.metrics.cache.labels(new.nodepool, now).inc()
+            self.log.info("compile_cache.proven", node=new.name, nodepool=new.nodepool, result=now)
 
     def _on_target(self, kind: str, old, new) -> None:
         name = (new or old)[0]

@@ -244,7 +244,10 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
                + (f" ({why})" if why else "") + ("; after its deadline (onDeadline=keep)" if kept else ""))
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
                     (node_ev("Untainted", msg), claim_ev("Untainted", f"node {node.name}: {msg}")),
-                    _durations(times, now), (("taints_removed", ""), ("compile_cache", cache)))
+                    _durations(times, now),
+                    # Only "cold" is final at warm time; hit/miss are counted when serving proves them
+                    # (Controller._on_node), so a restored bundle is never counted as if it were a hit.
+                    (("taints_removed", ""),) + ((("compile_cache", cache),) if cache == "cold" else ()))
     if kept:
         return Plan(claim.name, conditions=(tracked, gated))   # the node's next change brings it back
 

@@ -288,3 +288,25 @@ def test_events_are_rate_limited_and_the_excess_dropped_on_stop(k):
     assert rec.sent == 3 and len(events_for(k, "Node", name)) == 3
     rec.stop(flush_timeout_s=0.2)
     assert rec.dropped == 2 and rec.sent == 3
+
+
+def test_compile_cache_hit_proven_in_serving_is_counted_once_never_a_restore(kube, admin, k):
+    """The agent restores (no outcome yet); the publisher proves hit after the taint is lifted; the
+    controller's nodewarm_compile_cache_total counts that hit once, and the restore itself never."""
+    from nodewarm.bootstrap.nodestatus import report_compile_cache
+
+    sim = KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst, running(admin) as c:
+        n = sim.scale_up(inst.pool, node_name="node-1")
+        node_api = kube.api_client(kube.node_token("node-1"))
+        report_warm(node_api, "node-1", True, "WeightsVerified", "ok", {"nodewarm.io/compile-cache-reason": "Restored"})
+        wait_for(lambda: TAINT not in taint_keys(k, "node-1"), what="taint lifted")
+        counted = lambda result: c.metrics.cache.labels(inst.pool, result)._value.get()  # noqa: E731
+        assert [counted(r) for r in ("hit", "miss", "cold", "unknown")] == [0, 0, 0, 0]
+        report_compile_cache(node_api, "node-1", "hit", "NoNewCompile")
+        wait_for(lambda: counted("hit") == 1, what="the proven hit counted")
+        report_compile_cache(node_api, "node-1", "hit", "NoNewCompile")      # the same outcome again
+        import time
+        time.sleep(1.0)
+        assert counted("hit") == 1 and counted("miss") == 0
+        assert n.claim
