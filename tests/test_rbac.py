@@ -76,8 +76,8 @@ def test_controller_runs_as_its_service_account_and_is_refused_everything_else(k
         wait_for(lambda: c.is_leader.is_set(), what="leader via the Lease in its namespace")
         wait_for(lambda: ak.get(inst.nc_res, inst.node_class)["spec"].get("instanceStorePolicy") == "RAID0",
                  what="inject via server-side apply")
-        wait_for(lambda: TAINT in ak.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"]["startupTaints"][-1]["key"],
-                 what="startup taint injected")
+        wait_for(lambda: TAINT in [t["key"] for t in ak.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"]
+                                    .get("startupTaints") or ()], what="startup taint injected")
         wait_for(lambda: (ak.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions"),
                  what="WarmProfile status written")
         n = sim.scale_up(inst.pool)
