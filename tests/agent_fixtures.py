@@ -3,33 +3,20 @@ server, and the agent run with a node's own kubelet identity (never admin)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm.controller.kube import WARMPROFILES
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import agentaccess
-from profiles import BASE
+from profiles import variant
 
 
 def profile_doc(name: str, model_uri: str, **spec_changes) -> dict:
     """A valid WarmProfile for the agent; ``spec_changes`` maps 'serving.image' style paths to values."""
-    doc = copy.deepcopy(BASE)
-    doc["metadata"] = {"name": name}
-    doc["spec"]["model"] = {"uri": model_uri}
-    doc["spec"]["compileCache"] = {"uri": "s3://nocache-bucket/cc/"}
-    for path, value in spec_changes.items():
-        *parents, leaf = path.split(".")
-        node = doc["spec"]
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return doc
+    return variant("karpenter", **{"metadata": {"name": name}, "spec.model": {"uri": model_uri},
+                                   "spec.compileCache": {"uri": "s3://nocache-bucket/cc/"},
+                                   **{f"spec.{k}": val for k, val in spec_changes.items()}})
 
 
 @pytest.fixture(scope="session")
