@@ -16,7 +16,7 @@ import pytest
 from bootstrap_fixtures import KiB, loop_volume, model_files, proxy, put_model, visible_files, warm  # noqa: F401
 from faultproxy import Reply
 from nodewarm.bootstrap.agent import AgentConfig
-from nodewarm.bootstrap.compilecache import cachekey, publish, restore, signing
+from nodewarm.bootstrap.compilecache import cachekey, hardware, publish, restore, signing
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm.bootstrap.weights.s3pull import PARTIAL_DIR
 from nodewarm.errors import NodewarmError
@@ -99,8 +99,7 @@ def test_partials_of_objects_deleted_from_s3_are_removed(s3, proxy, tmp_path):
 
 PROBE = cachekey.RuntimeProbe(
     torch_version="2.13.0+cpu", torch_build="d34d1007" * 8, cuda="", triton="", triton_build="", vllm="0.32.0",
-    vllm_path="/opt/venv/lib/python3.11/site-packages/vllm", python_prefix="/opt/venv", gpu_name="",
-    gpu_capability="", cpu_isa="avx512", cpu_threads=2,
+    vllm_path="/opt/venv/lib/python3.11/site-packages/vllm", python_prefix="/opt/venv",
 )
 ENV = {"VLLM_USE_AOT_COMPILE": "1"}
 FAST = publish.PublishSettings(quiet_s=1.0, poll_s=0.2, timeout_s=30, settle_s=2.0)
@@ -115,7 +114,8 @@ def _publish(s3, tmp_path: Path, cfg: AgentConfig, payload: int) -> None:
     (src["inductor"] / "fxgraph/cd/entry").write_bytes(os.urandom(payload))
     store = CacheStore(parse_uri(cfg.compile_cache_uri), client=s3.client())
     priv = signing.load_private(tmp_path / "signing.pem")
-    factors = cachekey.build_factors(PROBE, cfg.serving_spec(), ENV)
+    # Published from this same node: its hardware, as the restore below probes it.
+    factors = cachekey.build_factors(PROBE, hardware.probe(Path("/"), {}, ENV), cfg.serving_spec(), ENV)
     assert publish.publish_once(store, src, factors, priv, {"node": "publisher"}, FAST).status == "published"
 
 
@@ -129,7 +129,7 @@ def _agent(s3, tmp_path: Path, mount: Path) -> AgentConfig:
 
 def _restore(cfg: AgentConfig) -> restore.RestoreResult:
     return restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(), cfg.cache_dirs,
-                                    PROBE, ENV)
+                                    (PROBE, ENV))
 
 
 def test_restore_on_a_fresh_mount_installs_every_root(aws_env, tmp_path):
