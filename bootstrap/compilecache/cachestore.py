@@ -154,18 +154,22 @@ class CacheStore:
                 self.client.put_object(Bucket=self.uri.bucket, Key=key, Body=body)
         self._call(send, "PUT", key)
 
-    def put_if_absent(self, key: str, body: bytes) -> bool:
-        """PUT with If-None-Match: * ; False when the object already exists (412/409)."""
+    def _conditional_put(self, key: str, body: bytes, what: str, **condition: str) -> bool:
+        """PUT with a precondition; False when it does not hold (412) or a concurrent conditional write is
+        still in flight (409)."""
         try:
-            self._call(lambda: self.client.put_object(Bucket=self.uri.bucket, Key=key, Body=body, IfNoneMatch="*"),
-                       "PUT-if-absent", key)
+            self._call(lambda: self.client.put_object(Bucket=self.uri.bucket, Key=key, Body=body, **condition),
+                       what, key)
             return True
         except NodewarmError as e:
-            # 412: someone wrote it first. 409: a concurrent conditional write is still in flight.
             response = getattr(e.__cause__, "response", None) or {}
             if response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
                 return False
             raise
+
+    def put_if_absent(self, key: str, body: bytes) -> bool:
+        """PUT with If-None-Match: * ; False when someone wrote it first."""
+        return self._conditional_put(key, body, "PUT-if-absent", IfNoneMatch="*")
 
     def get_with_etag(self, key: str, limit: int = MAX_ENVELOPE_BYTES) -> tuple[bytes, str] | None:
         """A small object and its ETag (for a later If-Match), or None when absent."""
@@ -180,16 +184,8 @@ class CacheStore:
         return data, resp["ETag"]
 
     def put_if_match(self, key: str, body: bytes, etag: str) -> bool:
-        """PUT with If-Match: ETAG; False when the object changed (412) or is being written (409)."""
-        try:
-            self._call(lambda: self.client.put_object(Bucket=self.uri.bucket, Key=key, Body=body, IfMatch=etag),
-                       "PUT-if-match", key)
-            return True
-        except NodewarmError as e:
-            response = getattr(e.__cause__, "response", None) or {}
-            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412):
-                return False
-            raise
+        """PUT with If-Match: ETAG; False when the object changed meanwhile."""
+        return self._conditional_put(key, body, "PUT-if-match", IfMatch=etag)
 
     def tidy(self, key: str) -> bool:
         """Best-effort delete of our own leftovers (claims, losing blobs). The rendered IAM policy grants
