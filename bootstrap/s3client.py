@@ -160,5 +160,7 @@ def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float)
         read_timeout=read_timeout_s,
         retries={"total_max_attempts": 1, "mode": "standard"},
         tcp_keepalive=True,
+        # The pull's ranged GETs are presigned (weights/rangeget.py): SigV4, as every region requires.
+        signature_version="s3v4",
     )
     return boto3.session.Session().client("s3", config=config)

@@ -167,3 +167,149 @@ def test_progress_reports_bytes_rate_and_eta():
     s = p.snapshot()
     assert (s.done, s.rate_bps, s.eta_s) == (250, 250.0, 3.0)
     assert "25.0%" in render_bar(s) and "ETA 3s" in render_bar(s)
+
+
+MiB = 1024 * KiB
+
+
+@pytest.fixture
+def exact_proxy(s3_exact, monkeypatch):
+    """A fault proxy in front of SeaweedFS (AWS-exact multipart ETags and composite checksums)."""
+    from faultproxy import FaultProxy
+
+    p = FaultProxy(s3_exact.endpoint)
+    for k, v in s3_exact.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    yield p
+    p.stop()
+
+
+def _multipart(client, bucket: str, key: str, data: bytes, part: int, algo: str | None) -> None:
+    extra = {"ChecksumAlgorithm": algo} if algo else {}
+    up = client.create_multipart_upload(Bucket=bucket, Key=key, **extra)
+    parts = []
+    for i, off in enumerate(range(0, len(data), part), 1):
+        r = client.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i,
+                               Body=data[off:off + part], **extra)
+        parts.append({"PartNumber": i, "ETag": r["ETag"], **({f"Checksum{algo}": r[f"Checksum{algo}"]} if algo else {})})
+    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"], MultipartUpload={"Parts": parts})
+
+
+def test_gets_follow_upload_parts_and_verification_never_rereads_the_file(s3_exact, exact_proxy, tmp_path,
+                                                                           monkeypatch):
+    from faultproxy import Corrupt, first_n
+    from nodewarm.bootstrap.weights import verify
+
+    def reread(*a, **kw):
+        raise AssertionError("verification read the file again")
+
+    monkeypatch.setattr(verify, "_digest_file", reread)
+    bucket = new_bucket()
+    s3_exact.create_bucket(bucket)
+    plain = s3_exact.client(request_checksum_calculation="when_required")
+    files = model_files(shards=3, mib_per_shard=12, seed=31)
+    names = sorted(n for n in files if n.endswith(".safetensors"))
+    _multipart(plain, bucket, f"m/{names[0]}", files[names[0]], 5 * MiB, "CRC32")   # composite checksum
+    _multipart(plain, bucket, f"m/{names[1]}", files[names[1]], 5 * MiB, None)      # "-N" MD5 ETag only
+    plain.put_object(Bucket=bucket, Key=f"m/{names[2]}", Body=files[names[2]], ChecksumAlgorithm="CRC64NVME")
+    for name in files:
+        if not name.endswith(".safetensors"):
+            plain.put_object(Bucket=bucket, Key=f"m/{name}", Body=files[name])
+    # The composite file's second part arrives damaged once: its part CRC gives it away.
+    exact_proxy.rule = first_n(1, Corrupt(at=10), match=lambda r: r.is_get and r.path.endswith(names[0])
+                               and r.headers["range"].startswith(f"bytes={5 * MiB}-"))
+
+    summary = warm(f"s3://{bucket}/m/", tmp_path / "model")  # 512 KiB parts asked for: upload parts win
+    assert visible_files(tmp_path / "model") == files
+    assert summary.verified["checksum-crc32-composite"] == 1 and summary.verified["etag-md5-multipart"] == 1
+    assert summary.verified["checksum-crc64nvme"] == 1
+    starts = lambda name: sorted(int(r.headers["range"].split("=")[1].split("-")[0])  # noqa: E731
+                                 for r in exact_proxy.gets() if r.path.endswith(name))
+    assert starts(names[0]) == [0, 0, 5 * MiB, 5 * MiB, 10 * MiB, 10 * MiB]  # damaged: the whole file again
+    assert starts(names[1]) == [0, 5 * MiB, 10 * MiB]
+    assert starts(names[2]) == list(range(0, len(files[names[2]]), 512 * KiB))  # a full CRC combines any split
+
+
+def test_resume_trusts_a_journaled_part_only_by_its_own_digest(s3_exact, exact_proxy, tmp_path):
+    bucket = new_bucket()
+    s3_exact.create_bucket(bucket)
+    plain = s3_exact.client(request_checksum_calculation="when_required")
+    data = model_files(shards=1, mib_per_shard=15, seed=32)
+    name = next(n for n in data if n.endswith(".safetensors"))
+    _multipart(plain, bucket, f"m/{name}", data[name], 5 * MiB, None)
+    uri, dest = f"s3://{bucket}/m/", tmp_path / "model"
+    exact_proxy.rule = lambda r: Reply(403, "AccessDenied") if r.is_get and r.path.endswith(name) and \
+        r.headers["range"].startswith(f"bytes={10 * MiB}-") else None
+    with pytest.raises(NodewarmError):
+        warm(uri, dest, concurrency=1)
+    temp, journal = s3pull.partial_paths(dest, name)
+    header, *lines = journal.read_text().splitlines()
+    assert json.loads(header)["part_digest"] == "MD5" and json.loads(header)["part_size"] == 5 * MiB
+    assert sorted(line.split()[0] for line in lines) == ["0", "1"] and all(len(line.split()[1]) == 32 for line in lines)
+    with open(temp, "r+b") as f:  # part 1's bytes lost in a host crash; its journal line survived
+        f.seek(5 * MiB + 100)
+        f.write(b"\0" * 10)
+
+    exact_proxy.rule = lambda r: None
+    exact_proxy.reset_counters()
+    summary = warm(uri, dest, concurrency=1)
+    assert visible_files(dest)[name] == data[name] and summary.verified["etag-md5-multipart"] == 1
+    assert sorted(int(r.headers["range"].split("=")[1].split("-")[0]) for r in exact_proxy.gets()
+                  if r.path.endswith(name)) == [5 * MiB, 10 * MiB, 15 * MiB]  # part 0 resumed
+
+
+def test_pull_goes_through_the_https_proxy_the_environment_names(s3, tmp_path, monkeypatch):
+    """Nodes without a route to S3 reach it by a proxy: HTTP(S)_PROXY as botocore reads it, by CONNECT."""
+    import select
+    import socket
+    import socketserver
+    import threading
+    import urllib.parse
+
+    tunnels: list[str] = []
+
+    class Tunnel(socketserver.BaseRequestHandler):
+        def handle(self):
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += self.request.recv(4096)
+            method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ")
+            if method == "CONNECT":  # the pull's ranged GETs
+                tunnels.append(target)
+                host, port = target.rsplit(":", 1)
+                upstream = socket.create_connection((host, int(port)))
+                self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:  # botocore's listing and HEADs: a plain forward proxy (the server takes absolute URIs)
+                upstream = socket.create_connection(urllib.parse.urlsplit(target)[1].rsplit(":", 1))
+                upstream.sendall(head)
+            socks = [self.request, upstream]
+            while True:
+                ready, _, _ = select.select(socks, [], [], 5)
+                if not ready:
+                    break
+                for s in ready:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        upstream.close()
+                        return
+                    (upstream if s is self.request else self.request).sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Tunnel)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        files = model_files(shards=2, mib_per_shard=1, seed=33)
+        uri = put_model(s3, files)
+        summary = warm(uri, tmp_path / "model")
+        assert visible_files(tmp_path / "model") == files and summary.downloaded_files == len(files)
+        endpoint = s3.endpoint.split("://", 1)[1]
+        assert tunnels and set(tunnels) == {endpoint}
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,15 +1,21 @@
 """The transfer: parallel ranged GETs across and within files into preallocated temp files.
 
 Each file is split into parts; one shared pool of threads works through all parts of all files, so a
-model of one huge file and one of many shards both keep every connection busy. Finished parts are
-journaled next to the temp file with the CRC of the bytes written, so a restart resumes at part
-granularity; a journaled part is trusted again only when its bytes still have that CRC (after a host
+model of one huge file and one of many shards both keep every connection busy. Each thread owns one
+connection and one buffer (rangeget.py): bytes go socket -> buffer -> pwrite, hashed on the way.
+
+Verification comes out of the download itself. Parts follow the object's upload parts when S3's check
+is built from parts (composite checksums, "-N" MD5 ETags), and each part is hashed with the check's own
+algorithm as it lands, in the thread that fetched it; a full-object CRC is combined from its parts'
+CRCs. Whole-file hashes that cannot be split (a single-part MD5 ETag, SHA checksums) are fed in order
+from the page cache as the contiguous prefix grows. Either way nothing is read back after the transfer.
+
+Finished parts are journaled next to the temp file with their digest, so a restart resumes at part
+granularity; a journaled part is trusted again only when its bytes still have that digest (after a host
 crash the journal can be durable while the data is not: zero-filled ranges of the preallocated file).
 A torn journal line is ignored. A file that fails verification is fetched again, a bounded number of
-times. A file becomes visible under
-its real name only after fsync and verification (verify.py), by rename; nothing half-written ever has a
-final name. Whole-file hashes (MD5 ETags, SHA) are fed while the file downloads, from the page cache as
-the contiguous prefix grows, so verification finishes with the transfer instead of after it.
+times. A file becomes visible under its real name only after fsync and verification (verify.py), by
+rename; nothing half-written ever has a final name.
 """
 
 from __future__ import annotations
@@ -27,25 +33,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from awscrt.checksums import crc32c
-
 from nodewarm import logs
 
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
+from . import rangeget
 from .manifest import RemoteObject
 from .progress import Progress
-from .verify import UNVERIFIED, StreamHash, VerifyFailed, method_for, verify_file
+from .verify import (
+    UNVERIFIED, StreamHash, VerifyFailed, aligned_part_size, hasher_factory, method_for, part_digest_algorithm,
+    verify_file,
+)
 
 log = logs.get("bootstrap.weights")
 
 MiB = 1024**2
-READ_CHUNK = 1 * MiB
+# Per-thread buffer: pwrite and hashing run once per chunk, so per-chunk Python work stays negligible.
+READ_CHUNK = 4 * MiB
 PARTIAL_DIR = ".nodewarm/partial"
 PART_SUFFIX, JOURNAL_SUFFIX = ".part", ".part.journal"
-# A journal line is "<part> <crc32c hex>\n"; anything else (a line torn by a crash) is ignored.
-_JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8})\n")
+# A journal line is "<part> <digest hex>\n"; anything else (a line torn by a crash) is ignored.
+_JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8,64})\n")
 
 
 @dataclass(frozen=True)
@@ -65,12 +74,13 @@ class PullConfig:
 def default_config(total_bytes: int, largest_bytes: int, cpus: int, **overrides) -> PullConfig:
     """Part size and concurrency from the model's size and the CPU count (pure).
 
-    Start from the reference's concurrency = ceil(size / part), capped at 8 connections per CPU and 64
-    in all: the threads share one GIL, and measured on 2 cores 16 connections were as fast as 32 or 64
-    while costing more CPU. 8-16 MiB parts are S3's sweet spot for ranged GETs.
+    Start from the reference's concurrency = ceil(size / part), capped at 4 connections per CPU and 64
+    in all: the threads share one GIL, and measured on 2 cores (bench/weights.py) 8 connections moved
+    as much as 16 or 32 for less CPU. 8-16 MiB parts are S3's sweet spot for ranged GETs; a file whose
+    S3 check is built from its upload parts is fetched in those parts instead (verify.aligned_part_size).
     """
     part = 8 * MiB if largest_bytes <= 1024 * MiB else 16 * MiB
-    concurrency = max(1, min(64, 8 * cpus, math.ceil(total_bytes / part)))
+    concurrency = max(1, min(64, 4 * cpus, math.ceil(total_bytes / part)))
     return PullConfig(**{"concurrency": concurrency, "part_size": part, **overrides})
 
 
@@ -105,19 +115,23 @@ class _File:
         self.obj, self.final = obj, dest / obj.rel_path
         self.temp, self.journal_path = partial_paths(dest, obj.rel_path)
         self.lock = threading.Lock()
+        self.method = method_for(obj)
+        self.part_algorithm = part_digest_algorithm(self.method)
+        self.new_part_hash = hasher_factory(self.part_algorithm)
         self.header = {"key": obj.key, "etag": obj.etag, "version_id": obj.version_id, "size": obj.size,
-                       "part_size": part_size}
+                       "part_size": aligned_part_size(self.method) or part_size,
+                       "part_digest": self.part_algorithm}
         journaled = self._load_journal()
         if journaled is None:
             journaled = {}
             self._reset()
         self.part_size = self.header["part_size"]
         self.n_parts = math.ceil(obj.size / self.part_size)
-        self.done = self._still_intact({i: c for i, c in journaled.items() if i < self.n_parts})
+        # part -> digest of its bytes (part_algorithm), for every part on disk
+        self.done = self._still_intact({i: d for i, d in journaled.items() if i < self.n_parts})
         self.missing = [i for i in range(self.n_parts) if i not in self.done]
         self.remaining = len(self.missing)
         self.resumed_bytes = sum(self.part_len(i) for i in self.done)
-        self.method = method_for(obj)
         self.hash_lock = threading.Lock()
         self._start_hash()
         self._open()
@@ -168,8 +182,15 @@ class _File:
             self.finishing = True
             return True
 
-    def _load_journal(self) -> dict[int, int] | None:
-        """Parts an earlier run journaled for the very same object version (part -> CRC32C), else None."""
+    def part_digests(self) -> tuple[list[bytes], list[int]] | None:
+        """Every part's digest and size, in order, when they make up the method's check."""
+        if self.part_algorithm != self.method.algorithm or self.method.expected is None:
+            return None
+        return [self.done[i] for i in range(self.n_parts)], [self.part_len(i) for i in range(self.n_parts)]
+
+    def _load_journal(self) -> dict[int, bytes] | None:
+        """Parts an earlier run journaled for the very same object version and layout (part -> digest),
+        else None."""
         try:
             lines = self.journal_path.read_text().splitlines(keepends=True)
             if not lines[0].endswith("\n"):
@@ -179,8 +200,8 @@ class _File:
                 return None
         except (OSError, ValueError, IndexError):
             return None
-        if not isinstance(header, dict) or {k: header.get(k) for k in ("key", "etag", "version_id", "size")} != \
-                {k: self.header[k] for k in ("key", "etag", "version_id", "size")}:
+        same = ("key", "etag", "version_id", "size", "part_digest")
+        if not isinstance(header, dict) or {k: header.get(k) for k in same} != {k: self.header[k] for k in same}:
             return None
         try:
             self.header["part_size"] = int(header["part_size"])  # resume needs the earlier layout
@@ -188,25 +209,25 @@ class _File:
             return None
         if self.header["part_size"] < 1:
             return None
-        return {int(m[1]): int(m[2], 16) for line in lines[1:] if (m := _JOURNAL_LINE.fullmatch(line))}
+        return {int(m[1]): bytes.fromhex(m[2]) for line in lines[1:] if (m := _JOURNAL_LINE.fullmatch(line))}
 
-    def _still_intact(self, journaled: dict[int, int]) -> set[int]:
-        """The journaled parts whose bytes still have the CRC written with them."""
+    def _still_intact(self, journaled: dict[int, bytes]) -> dict[int, bytes]:
+        """The journaled parts whose bytes still have the digest written with them."""
         if not journaled:
-            return set()
-        intact = set()
+            return {}
+        intact = {}
         fd = os.open(self.temp, os.O_RDONLY)
         try:
             for i, want in sorted(journaled.items()):
-                got, off, left = 0, i * self.part_size, self.part_len(i)
+                h, off, left = self.new_part_hash(), i * self.part_size, self.part_len(i)
                 while left:
                     data = os.pread(fd, min(left, 8 * MiB), off)
                     if not data:
                         break
-                    got = crc32c(data, got)
+                    h.update(data)
                     off, left = off + len(data), left - len(data)
-                if not left and got == want:
-                    intact.add(i)
+                if not left and h.digest() == want:
+                    intact[i] = want
         finally:
             os.close(fd)
         if len(intact) < len(journaled):
@@ -228,9 +249,9 @@ class _File:
         except OSError as e:
             raise write_error(e, self.temp) from e
 
-    def journal_part(self, i: int, crc: int) -> None:
+    def journal_part(self, i: int, digest: bytes) -> None:
         try:
-            self.journal.write(f"{i} {crc:08x}\n")
+            self.journal.write(f"{i} {digest.hex()}\n")
             self.journal.flush()
         except OSError as e:
             raise write_error(e, self.journal_path) from e
@@ -242,7 +263,7 @@ class _File:
         """Forget every part (verification failed): download the whole file again."""
         self.close()
         self._reset()
-        self.done = set()
+        self.done = {}
         self.missing = list(range(self.n_parts))
         self.remaining = len(self.missing)
         self.resumed_bytes = 0
@@ -273,6 +294,7 @@ class _Pull:
     def __init__(self, client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
                  progress: Progress, on_file: Callable[[PulledFile], None]):
         self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
+        self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
         self.progress, self.on_file = progress, on_file
         self.cancelled = threading.Event()
         self.error: BaseException | None = None
@@ -302,46 +324,47 @@ class _Pull:
         for f in self.files:
             f.close()
 
-    def _get_part(self, f: _File, i: int) -> int:
-        """Fetch part ``i`` into place; returns the CRC32C of the bytes written."""
+    def _url(self, obj: RemoteObject) -> str:
+        params = {"Bucket": self.bucket, "Key": obj.key}
+        if obj.version_id:
+            params["VersionId"] = obj.version_id  # a new upload mid-run cannot mix into this file
+        return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=3600)
+
+    def _get_part(self, f: _File, i: int, conn: "_Conn", buf: memoryview) -> bytes:
+        """Fetch part ``i`` into place; returns the digest (f.part_algorithm) of the bytes written."""
         off, length = i * f.part_size, f.part_len(i)
-        kwargs = {"Bucket": self.bucket, "Key": f.obj.key, "Range": f"bytes={off}-{off + length - 1}"}
-        if f.obj.version_id:
-            kwargs["VersionId"] = f.obj.version_id  # a new upload mid-run cannot mix into this file
-        elif f.obj.etag:
-            kwargs["IfMatch"] = f'"{f.obj.etag}"'
+        what = f"GET s3://{self.bucket}/{f.obj.key} bytes {off}-{off + length - 1}"
+        headers = {"Range": f"bytes={off}-{off + length - 1}"}
+        if not f.obj.version_id and f.obj.etag:
+            headers["If-Match"] = f'"{f.obj.etag}"'
         cfg = self.cfg
 
-        def attempt() -> int:
-            got = crc = 0
-            resp = self.client.get_object(**kwargs)
-            body = resp["Body"]
-            # urllib3's read1 returns whatever has arrived: a fixed-size read would block until it is full,
-            # so a connection trickling bytes (never silent, so no read timeout) would dodge the low-speed
-            # and deadline checks below for as long as it takes to fill the buffer.
-            stream = body._raw_stream
+        def attempt() -> bytes:
+            got = 0
             try:
-                etag = resp.get("ETag", "").strip('"')
+                resp = conn.get(self._url(f.obj), headers)
+                etag = resp.headers.get("etag", "").strip('"')
                 if etag and f.obj.etag and etag != f.obj.etag:
                     # Servers that ignore If-Match (and unversioned buckets) still tell us via the ETag.
                     raise ObjectChanged(f"s3://{self.bucket}/{f.obj.key} changed while we were pulling it "
                                         f"(ETag {f.obj.etag} -> {etag}); run again to fetch the new version")
-                served = resp.get("ContentRange", f"bytes 0-{f.obj.size - 1}/{f.obj.size}")
-                if not served.startswith(f"bytes {off}-{off + length - 1}/"):
+                served = resp.headers.get("content-range", f"bytes 0-{f.obj.size - 1}/{f.obj.size}")
+                if not served.startswith(f"bytes {off}-{off + length - 1}/") or resp.remaining != length:
                     raise S3Unavailable(f"s3://{self.bucket}/{f.obj.key}: asked for bytes {off}-{off + length - 1}, "
-                                        f"the server sent {served!r}; it does not honour Range requests")
+                                        f"the server sent {served!r} ({resp.remaining} bytes); it does not honour "
+                                        "Range requests")
+                h = f.new_part_hash()
                 start = mark_t = time.monotonic()
                 mark_bytes = 0
                 while got < length:
                     if self.cancelled.is_set():
                         raise Cancelled()
-                    data = stream.read1(min(READ_CHUNK, length - got))
-                    if not data:
-                        raise Retryable(f"body ended after {got} of {length} bytes")
-                    self._write(f, memoryview(data), off + got)
-                    crc = crc32c(data, crc)
-                    got += len(data)
-                    self.progress.add(len(data))
+                    n = resp.fill(buf, min(start + cfg.request_timeout_s, mark_t + cfg.low_speed_time_s))
+                    chunk = buf[:n]
+                    self._write(f, chunk, off + got)
+                    h.update(chunk)
+                    got += n
+                    self.progress.add(n)
                     now = time.monotonic()
                     if now - start > cfg.request_timeout_s:
                         raise Retryable(f"part took longer than {cfg.request_timeout_s}s")
@@ -350,15 +373,13 @@ class _Pull:
                             raise Retryable(f"slower than {cfg.low_speed_limit_bps / 1e6:g} MB/s "
                                             f"for {cfg.low_speed_time_s:g}s")
                         mark_t, mark_bytes = now, got
-                return crc
+                return h.digest()
             except BaseException:
+                conn.close()  # mid-body: the connection's position in the stream is unknown
                 self.progress.add(-got)  # those bytes are fetched again
                 raise
-            finally:
-                body.close()
 
-        return call_with_retries(attempt, f"GET s3://{self.bucket}/{f.obj.key} bytes {off}-{off + length - 1}",
-                          cfg.retry, self.cancelled)
+        return call_with_retries(attempt, what, cfg.retry, self.cancelled)
 
     def _write(self, f: _File, data: memoryview, offset: int) -> None:
         try:
@@ -369,17 +390,25 @@ class _Pull:
             raise write_error(e, f.temp) from e
 
     def _worker(self, verifier: ThreadPoolExecutor) -> None:
+        conn = _Conn(self.cfg, self.ssl_context)
+        buf = memoryview(bytearray(READ_CHUNK))
+        try:
+            self._work(verifier, conn, buf)
+        finally:
+            conn.close()
+
+    def _work(self, verifier: ThreadPoolExecutor, conn: "_Conn", buf: memoryview) -> None:
         while True:
             item = self.tasks.get()
             if item is None or self.cancelled.is_set():
                 return
             f, i = item
             try:
-                crc = self._get_part(f, i)
+                digest = self._get_part(f, i, conn, buf)
                 _start_writeback(f.fd, i * f.part_size, f.part_len(i))
                 with f.lock:
-                    f.journal_part(i, crc)
-                    f.done.add(i)
+                    f.journal_part(i, digest)
+                    f.done[i] = digest
                     f.remaining -= 1
                 f.hash_ready_parts()
                 if f.claim_finish():
@@ -408,7 +437,7 @@ class _Pull:
                 raise write_error(e, f.temp) from e
             synced = time.monotonic()
             try:
-                method = verify_file(f.temp, f.obj, streamed=f.stream)
+                method = verify_file(f.temp, f.obj, streamed=f.stream, part_digests=f.part_digests())
             except VerifyFailed as e:
                 # Corrupted in transit (or on disk): fetch the whole file again, a bounded number of times.
                 failures = self.verify_failures[f.obj.rel_path] = self.verify_failures.get(f.obj.rel_path, 0) + 1
@@ -471,6 +500,26 @@ class _Pull:
             if isinstance(self.error, InsufficientNVMe):
                 _discard_partials(self.dest, [f.obj for f in self.files])
             raise self.error
+
+
+class _Conn:
+    """A worker's connection, opened for the endpoint of the URL it is asked for (one bucket: one host)."""
+
+    def __init__(self, cfg: PullConfig, ssl_context):
+        self.cfg, self.ssl_context = cfg, ssl_context
+        self.conn: rangeget.Connection | None = None
+
+    def get(self, url: str, headers: dict[str, str]) -> rangeget.Response:
+        endpoint = rangeget.endpoint_of(url)
+        if self.conn is None or self.conn.endpoint != endpoint:
+            self.close()
+            self.conn = rangeget.Connection(endpoint, self.cfg.connect_timeout_s, self.cfg.stall_timeout_s,
+                                            self.ssl_context)
+        return self.conn.get(url, headers)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:

@@ -24,8 +24,12 @@ from nodewarm.errors import NodewarmError
 
 from .manifest import RemoteObject
 
-READ_CHUNK = 8 * 1024 * 1024
-CRC_SEGMENT = 64 * 1024 * 1024
+MiB = 1024 * 1024
+READ_CHUNK = 8 * MiB
+CRC_SEGMENT = 64 * MiB
+# Upload parts up to this size are fetched one ranged GET each, so each part's checksum (or MD5) comes
+# out of the download itself; larger parts would leave too few GETs to keep a big file's pull parallel.
+MAX_ALIGNED_PART = 64 * MiB
 UNVERIFIED = "unverified-sha256"
 
 
@@ -54,7 +58,7 @@ def _crt(name: str) -> Callable[[bytes, int], int] | None:
     return getattr(checksums, name, None)
 
 
-def _hasher_factory(algorithm: str) -> Callable[[], object] | None:
+def hasher_factory(algorithm: str) -> Callable[[], object] | None:
     """A constructor for a fresh hasher, or None when this install cannot compute ``algorithm``."""
     if algorithm in ("CRC32", "CRC32C", "CRC64NVME"):
         # awscrt's CRCs are hardware-accelerated; only CRC32 has a (slower) stdlib fallback, the
@@ -90,7 +94,7 @@ def _part_sizes(obj: RemoteObject) -> tuple[int, ...] | None:
 
 def method_for(obj: RemoteObject) -> Method:
     """Choose the strongest check this object and this install support. Pure."""
-    if obj.checksum and obj.checksum_algorithm and _hasher_factory(obj.checksum_algorithm):
+    if obj.checksum and obj.checksum_algorithm and hasher_factory(obj.checksum_algorithm):
         algo = obj.checksum_algorithm
         if "-" not in obj.checksum:
             return Method(f"checksum-{algo.lower()}", algo, obj.checksum)
@@ -104,6 +108,40 @@ def method_for(obj: RemoteObject) -> Method:
         if sizes:
             return Method("etag-md5-multipart", "MD5", obj.etag.lower(), sizes)
     return Method(UNVERIFIED, "SHA256", None)
+
+
+def aligned_part_size(m: Method) -> int | None:
+    """The ranged-GET size that makes each GET one upload part, when the check is built from parts."""
+    if m.part_sizes is not None and m.expected is not None and m.part_sizes[0] <= MAX_ALIGNED_PART:
+        return m.part_sizes[0]
+    return None
+
+
+def part_digest_algorithm(m: Method) -> str:
+    """What each downloaded part is hashed with as it lands. It is journaled (resume proves a part's
+    bytes still match) and, when it is the method's own algorithm, combined into the final check, so
+    the file is never read a second time: S3 parts (composite checksums, "-N" MD5 ETags) when the GETs
+    are aligned to them, and any split of a full-object CRC (CRCs combine). Otherwise CRC32C, the
+    cheapest, for the journal only."""
+    if m.expected is None:
+        return "CRC32C"
+    if m.part_sizes is not None:
+        return m.algorithm if aligned_part_size(m) else "CRC32C"
+    return m.algorithm if m.algorithm.startswith("CRC") and hasher_factory(m.algorithm) else "CRC32C"
+
+
+def digest_from_parts(m: Method, digests: list[bytes], sizes: list[int]) -> str:
+    """The object-level value S3 reports, from the per-part digests (part_digest_algorithm(m) == m.algorithm)."""
+    if m.part_sizes is not None:
+        combined = hasher_factory(m.algorithm)()
+        for d in digests:
+            combined.update(d)
+        return f"{_encode(m.algorithm, combined.digest())}-{len(digests)}"
+    combine = _crt(f"combine_{m.algorithm.lower()}")
+    value = int.from_bytes(digests[0], "big") if digests else 0
+    for d, length in zip(digests[1:], sizes[1:]):
+        value = combine(value, int.from_bytes(d, "big"), length)
+    return _encode(m.algorithm, value.to_bytes(8 if m.algorithm == "CRC64NVME" else 4, "big"))
 
 
 def _encode(algorithm: str, digest: bytes) -> str:
@@ -133,7 +171,7 @@ def _ranges(sizes) -> list[tuple[int, int]]:
 def _digest_file(path: Path, m: Method, size: int, workers: int) -> str:
     """Hash ``path`` as S3 did. Independent pieces (S3 parts, CRC segments) are hashed in parallel:
     hashlib and the CRCs release the GIL, so a multi-GB shard verifies at several cores' speed."""
-    new = _hasher_factory(m.algorithm)
+    new = hasher_factory(m.algorithm)
     fd = os.open(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -163,7 +201,7 @@ class StreamHash:
 
     def __init__(self, m: Method):
         self.method = m
-        self._h = _hasher_factory(m.algorithm)()
+        self._h = hasher_factory(m.algorithm)()
 
     @staticmethod
     def applies(m: Method) -> bool:
@@ -185,10 +223,12 @@ def _check(obj: RemoteObject, m: Method, got: str) -> str:
     return m.name
 
 
-def verify_file(path: Path, obj: RemoteObject, workers: int = 4, streamed: StreamHash | None = None) -> str:
+def verify_file(path: Path, obj: RemoteObject, workers: int = 4, streamed: StreamHash | None = None,
+                part_digests: tuple[list[bytes], list[int]] | None = None) -> str:
     """Check ``path`` against ``obj``; returns the method name, raises VerifyFailed naming the file.
 
-    With ``streamed`` (the file's bytes already hashed in order as they landed) nothing is re-read.
+    With ``streamed`` (the file's bytes already hashed in order as they landed) or ``part_digests``
+    (each part hashed with the method's algorithm as it landed, and the parts' sizes) nothing is re-read.
     """
     size = path.stat().st_size
     if size != obj.size:
@@ -198,4 +238,6 @@ def verify_file(path: Path, obj: RemoteObject, workers: int = 4, streamed: Strea
         return m.name  # the caller records the streamed SHA-256
     if streamed is not None:
         return _check(obj, m, streamed.value())
+    if part_digests is not None:
+        return _check(obj, m, digest_from_parts(m, *part_digests))
     return _check(obj, m, _digest_file(path, m, size, workers))

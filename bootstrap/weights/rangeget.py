@@ -1,0 +1,234 @@
+"""Ranged GETs whose bodies go from the socket straight into a reused buffer: the pull's transport.
+
+Why not boto3's ``get_object`` for the bytes: every chunk read through botocore/urllib3 allocates a new
+``bytes`` and passes several Python layers, and with a dozen threads sharing one GIL that cost more CPU
+than the transfer itself (bench/weights.py: ~4 CPU-s per GB against ~1 for curl). On a node the client's
+CPU competes with nothing much, but on a shared host, or at hundreds of Gbit/s, CPU per byte is the speed.
+
+What is kept from botocore: everything that decides *where* and *as whom* a request goes. Each request is
+a SigV4 presigned URL from the boto3 client (endpoint, addressing style, region, session token, clock
+skew all botocore's); ``Range`` and ``If-Match`` travel as ordinary headers, which S3 accepts beside a
+presigned signature. Connection setup (TLS with botocore's CA bundle, an HTTP(S) proxy by CONNECT) is
+http.client's. Only the response is read here: status line and headers, then the body with
+``recv_into`` into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import ssl
+import time
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from botocore.exceptions import ClientError
+
+from ..s3client import Retryable
+
+_MAX_HEAD = 64 * 1024
+_MAX_ERROR_BODY = 64 * 1024
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+    netloc: str  # what the signature covers as Host
+
+
+def endpoint_of(url: str) -> Endpoint:
+    u = urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return Endpoint(u.scheme, u.hostname or "", port, u.netloc)
+
+
+def error_from(status: int, body: bytes, operation: str = "GetObject") -> ClientError:
+    """The botocore ClientError this response would have raised, so s3client.classify() applies as is."""
+    code = re.search(rb"<Code>([^<]*)</Code>", body)
+    message = re.search(rb"<Message>([^<]*)</Message>", body)
+    return ClientError({"Error": {"Code": code[1].decode() if code else str(status),
+                                  "Message": message[1].decode(errors="replace") if message else ""},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+
+
+class Response:
+    """A 2xx response with a Content-Length body, read with ``fill``."""
+
+    def __init__(self, conn: "Connection", status: int, headers: dict[str, str], body_start: bytes):
+        self.conn, self.status, self.headers = conn, status, headers
+        self.remaining = int(headers["content-length"])
+        self._pending = memoryview(body_start)
+
+    def fill(self, buf: memoryview, deadline: float) -> int:
+        """Read ``len(buf)`` bytes, or what is left of the body if less; returns how many.
+
+        One call fills a whole chunk (a TLS socket hands out 16 KiB per recv) so the caller's per-chunk
+        work (pwrite, checksum) runs per MiB, not per record. ``deadline`` (monotonic) bounds the call:
+        a connection trickling bytes never stalls long enough for the socket timeout, so it is cut here.
+        """
+        want = min(len(buf), self.remaining)
+        got = 0
+        if self._pending:
+            got = min(want, len(self._pending))
+            buf[:got] = self._pending[:got]
+            self._pending = self._pending[got:]
+        sock = self.conn.sock
+        while got < want:
+            n = sock.recv_into(buf[got:want])
+            if not n:
+                self.conn.close()
+                raise Retryable(f"connection closed with {self.remaining - got} body bytes still to come")
+            got += n
+            if got < want and time.monotonic() > deadline:
+                break
+        self.remaining -= got
+        if not self.remaining:
+            self.conn.response_done(self.headers)
+        return got
+
+
+class Connection:
+    """One persistent HTTP/1.1 connection (one per pull thread); reconnects after any failure."""
+
+    def __init__(self, endpoint: Endpoint, connect_timeout_s: float, stall_timeout_s: float,
+                 ssl_context: ssl.SSLContext | None = None):
+        self.endpoint, self.connect_timeout_s, self.stall_timeout_s = endpoint, connect_timeout_s, stall_timeout_s
+        self.ssl_context = ssl_context
+        self.sock: socket.socket | None = None
+
+    def _connect(self) -> None:
+        ep = self.endpoint
+        proxy = _proxy_for(ep)
+        kw = {"timeout": self.connect_timeout_s}
+        if ep.scheme == "https":
+            cls, kw["context"] = http.client.HTTPSConnection, self.ssl_context or ssl.create_default_context()
+        else:
+            cls = http.client.HTTPConnection
+        if proxy is None:
+            conn = cls(ep.host, ep.port, **kw)
+        else:
+            p = urlsplit(proxy)
+            conn = cls(p.hostname, p.port or 80, **kw)
+            headers = {}
+            if p.username:
+                import base64
+
+                creds = f"{unquote(p.username)}:{unquote(p.password or '')}".encode()
+                headers["Proxy-Authorization"] = "Basic " + base64.b64encode(creds).decode()
+            conn.set_tunnel(ep.host, ep.port, headers)
+        conn.connect()
+        conn.sock.settimeout(self.stall_timeout_s)  # silence on an open connection: a stall, retried
+        self.sock = conn.sock
+
+    def get(self, url: str, headers: dict[str, str]) -> Response:
+        """Send a GET for the presigned ``url``; return the 2xx response, raise ClientError otherwise."""
+        u = urlsplit(url)
+        target = u.path + ("?" + u.query if u.query else "")
+        lines = [f"GET {target} HTTP/1.1", f"Host: {u.netloc}", "Accept-Encoding: identity",
+                 *(f"{k}: {v}" for k, v in headers.items())]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if self.sock is None:
+            self._connect()
+        try:
+            self.sock.sendall(request)
+            status, head, rest = self._read_head()
+        except OSError:
+            if self.sock is None:
+                raise
+            # A kept-alive connection the server had already closed: one fresh try, then it is an error.
+            self.close()
+            self._connect()
+            self.sock.sendall(request)
+            status, head, rest = self._read_head()
+        if 200 <= status < 300:
+            if "content-length" not in head:
+                self.close()
+                raise Retryable(f"HTTP {status} without Content-Length")
+            return Response(self, status, head, rest)
+        body = self._read_error_body(head, rest)
+        raise error_from(status, body)
+
+    def _read_head(self) -> tuple[int, dict[str, str], bytes]:
+        data = bytearray()
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                self.close()
+                raise ConnectionResetError("the server closed the connection before a response")
+            data += chunk
+            if len(data) > _MAX_HEAD:
+                self.close()
+                raise Retryable("response headers larger than 64 KiB")
+        first, *rest_lines = bytes(data[:end]).split(b"\r\n")
+        m = _STATUS.match(first)
+        if not m:
+            self.close()
+            raise Retryable(f"not an HTTP/1.1 response: {first[:80]!r}")
+        headers = {}
+        for line in rest_lines:
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return int(m[1]), headers, bytes(data[end + 4:])
+
+    def _read_error_body(self, headers: dict[str, str], rest: bytes) -> bytes:
+        """Up to 64 KiB of an error response's body (S3's XML); the connection is kept only when the
+        body was read whole."""
+        try:
+            length = int(headers.get("content-length", -1))
+        except ValueError:
+            length = -1
+        body = bytearray(rest)
+        if 0 <= length <= _MAX_ERROR_BODY:
+            try:
+                while len(body) < length:
+                    chunk = self.sock.recv(length - len(body))
+                    if not chunk:
+                        break
+                    body += chunk
+            except OSError:
+                self.close()
+                return bytes(body)
+            if len(body) == length:
+                self.response_done(headers)
+                return bytes(body)
+        self.close()
+        return bytes(body)
+
+    def response_done(self, headers: dict[str, str]) -> None:
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+
+
+def _proxy_for(ep: Endpoint) -> str | None:
+    """The proxy the standard environment (HTTPS_PROXY / HTTP_PROXY / NO_PROXY) names for this endpoint,
+    as botocore would use it."""
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(ep.scheme)
+    if not proxy or urllib.request.proxy_bypass(ep.host):
+        return None
+    return proxy if "://" in proxy else "http://" + proxy
+
+
+def ssl_context_for(client) -> ssl.SSLContext | None:
+    """TLS as the boto3 client verifies it (its CA bundle; AWS_CA_BUNDLE; verify=False)."""
+    from botocore.httpsession import get_cert_path
+
+    # botocore keeps the resolved setting (True, False, or a CA bundle path) on its HTTP session.
+    verify = getattr(client._endpoint.http_session, "_verify", True)  # noqa: SLF001
+    if verify is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        return ctx
+    return ssl.create_default_context(cafile=get_cert_path(verify))
