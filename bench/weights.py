@@ -1,12 +1,20 @@
-"""Benchmark: nodewarm's weight pull against peer S3 clients and raw HTTP, on one local S3 server.
+"""Benchmark: nodewarm's verified weight pull against peer S3 clients and raw HTTP, on one local S3 server.
 
-    .venv/bin/python bench/weights.py [--files 4] [--file-mib 256] [--engine rclone] [--out PATH]
+    .venv/bin/python bench/weights.py [--shapes 4x256,1x1024,64x16] [--engine seaweedfs] [--out PATH]
 
-Lays a model-like set of files (N x M MiB "safetensors" + small JSON) into a local S3 server, then, in
-one run, downloads the same bytes with each client into a fresh local directory and prints MB/s and the
-ratio to nodewarm and to raw HTTP (curl of presigned URLs, one connection per file: the local limit).
-Client and server share this machine's cores, so only compare numbers from the same run. Results go
-to bench/results/ (gitignored) as JSON.
+For each shape (FILES x MiB "safetensors" + small JSON) the model is put into a local S3 server, then,
+in one run, each client downloads the same bytes into a fresh directory: MB/s, CPU-seconds per GB
+(the client's own process and children; the server's CPU is not counted) and the ratios to the best
+peer and to raw HTTP (curl of presigned URLs, one connection per file) are printed and written to
+bench/results/ (gitignored) as JSON. Client and server share this machine's cores: compare numbers
+from the same run only.
+
+Objects as real uploaders make them: with the default engine (SeaweedFS) they are uploaded by boto3's
+upload_file with its defaults (multipart, CRC32 composite checksums, "-N" ETags), as a model pushed
+with the aws CLI or boto3 is; nodewarm verifies every file against them. ``--engine rclone`` serves
+files laid on disk instead: single-part MD5 ETags, the worst case for verification (one MD5 stream per
+file, ~600 MB/s per core here). The awscrt client runs with response checksum validation on (it can
+check full-object checksums only); the other peers verify nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -76,24 +85,9 @@ def run_nodewarm(dest: Path, env: dict) -> dict:
     os.environ.update(env)
     summary = warm_weights(WeightsConfig(uri=f"s3://{BUCKET}/{PREFIX}", dest=dest, allow_non_nvme=True,
                                          load_check=False, headroom=Headroom(0, 0), progress_interval_s=60))
-    return {"seconds": summary.phases["download"], "end_to_end_s": summary.seconds, "pull": summary.pull,
+    return {"seconds": summary.seconds, "download_s": summary.phases["download"], "pull": summary.pull,
             "verified": summary.verified, "fsync_s": summary.fsync_s, "verify_s": summary.verify_s,
-            "note": "download phase incl. fsync + verification of every file; end_to_end adds list/HEAD"}
-
-
-def run_nodewarm_transfer_only(dest: Path, env: dict) -> dict:
-    """Diagnostic, not a product mode: the same pull with fsync and verification stubbed out, to show
-    what they cost on this machine (the peers do neither)."""
-    from unittest import mock
-
-    from nodewarm.bootstrap.weights import s3pull
-
-    with mock.patch.object(s3pull, "verify_file", lambda path, obj, **kw: "none"), \
-            mock.patch.object(s3pull.StreamHash, "applies", staticmethod(lambda m: False)), \
-            mock.patch.object(s3pull.os, "fsync"):
-        info = run_nodewarm(dest, env)
-    info["note"] = "DIAGNOSTIC: no fsync, no verification"
-    return info
+            "note": "end to end: list + HEAD of every object, download, fsync and verification of every file"}
 
 
 def run_boto3(server, dest: Path, objects, tuned: bool) -> dict:
@@ -122,6 +116,8 @@ def run_crt(server, dest: Path, objects) -> dict:
 
     elg = EventLoopGroup()
     bootstrap = ClientBootstrap(elg, DefaultHostResolver(elg))
+    from awscrt.s3 import S3ChecksumConfig
+
     client = S3Client(bootstrap=bootstrap, region=server.region, tls_mode=S3RequestTlsMode.DISABLED,
                       credential_provider=AwsCredentialsProvider.new_static(server.access_key, server.secret_key),
                       part_size=8 * MiB, throughput_target_gbps=100)
@@ -130,10 +126,11 @@ def run_crt(server, dest: Path, objects) -> dict:
     for key, _ in objects:
         req = HttpRequest("GET", f"/{BUCKET}/{key}", HttpHeaders([("Host", host)]))
         requests.append(client.make_request(type=S3RequestType.GET_OBJECT, request=req,
+                                            checksum_config=S3ChecksumConfig(validate_response=True),
                                             recv_filepath=str(dest / Path(key).name)))
     for r in requests:
         r.finished_future.result()
-    return {"config": "awscrt S3Client, 8 MiB parts, throughput_target_gbps=100"}
+    return {"config": "awscrt S3Client, 8 MiB parts, throughput_target_gbps=100, validate_response=True"}
 
 
 def run_aws_cli(server, dest: Path, env: dict) -> dict:
@@ -156,6 +153,12 @@ def run_curl(server, dest: Path, objects) -> dict:
     return {"config": "one presigned GET per file, all in parallel"}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process (all its threads, the CRT's native ones too) and its reaped children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def measure(name: str, runner, work: Path, total: int) -> dict:
     dest = work / f"dest-{name}"
     dest.mkdir()
@@ -163,46 +166,47 @@ def measure(name: str, runner, work: Path, total: int) -> dict:
     # whoever runs next waits on their writeback; nodewarm fsyncs, so it would pay the most.
     os.sync()
     try:
-        start = time.monotonic()
+        cpu0, start = _cpu_s(), time.monotonic()
         info = runner(dest) or {}
-        seconds = info.pop("seconds", None) or (time.monotonic() - start)
+        wall = time.monotonic() - start
+        cpu = _cpu_s() - cpu0
+        seconds = info.pop("seconds", None) or wall
+        # nodewarm returns only once every file is fsynced (a node can die right after); the peers leave
+        # dirty pages behind. "durable" adds the sync a peer would need to promise the same.
+        synced = time.monotonic()
+        os.sync()
+        durable = seconds if name == "nodewarm" else seconds + (time.monotonic() - synced)
         got = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file() and ".nodewarm" not in p.parts)
         if got < total:
             raise RuntimeError(f"only {got} of {total} bytes arrived")
-        return {"seconds": round(seconds, 3), **info}
+        return {"seconds": round(seconds, 3), "durable_s": round(durable, 3),
+                "cpu_s_per_gb": round(cpu / (total / 1e9), 3), **info}
     except Exception as e:  # noqa: BLE001 - a missing peer client must not hide the others
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--file-mib", type=int, default=256, help="size of each safetensors file (default 256)")
-    ap.add_argument("--engine", default="rclone", choices=["rclone", "seaweedfs"])
-    ap.add_argument("--clients", default="nodewarm,nodewarm-transfer-only,boto3-default,boto3-tuned,crt,aws-cli,curl")
-    ap.add_argument("--repeat", type=int, default=3, help="timed rounds per client; the median is reported")
-    ap.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/weights-<ts>.json)")
-    args = ap.parse_args()
-
-    from nodewarm import logs
+def bench_shape(args, files: int, file_mib: int) -> dict:
     from nodewarm.testenv import s3server
 
-    logs.setup("WARNING")
     work = Path(tempfile.mkdtemp(prefix="nodewarm-bench-"))
-    results: dict = {"files": args.files, "file_mib": args.file_mib, "engine": args.engine, "clients": {}}
+    results: dict = {"files": files, "file_mib": file_mib, "engine": args.engine, "clients": {}}
     if args.engine == "rclone":
-        objects = lay_model(work / "data", args.files, args.file_mib)
+        objects = lay_model(work / "data", files, file_mib)
         server = start_rclone(work / "data")
     else:
         server = s3server.start(args.engine, work / "data")
         staging = work / "staging"
-        objects = lay_model(staging, args.files, args.file_mib)
+        objects = lay_model(staging, files, file_mib)
         server.create_bucket(BUCKET)
         for key, _ in objects:
+            # upload_file's defaults: what a model pushed with boto3 (or the aws CLI) looks like in S3.
             server.client().upload_file(str(staging / BUCKET / key), BUCKET, key)
+        shutil.rmtree(staging)
     try:
+        head = server.client().head_object(Bucket=BUCKET, Key=objects[0][0], ChecksumMode="ENABLED")
+        results["object"] = {"etag": head["ETag"], **{k: v for k, v in head.items() if k.startswith("Checksum")}}
         for key, _ in objects:
             server.client().head_object(Bucket=BUCKET, Key=key)  # rclone hashes a file on first access
         total = sum(size for _, size in objects)
@@ -210,7 +214,6 @@ def main() -> int:
         env = server.env()
         runners = {
             "nodewarm": lambda d: run_nodewarm(d, env),
-            "nodewarm-transfer-only": lambda d: run_nodewarm_transfer_only(d, env),
             "boto3-default": lambda d: run_boto3(server, d, objects, tuned=False),
             "boto3-tuned": lambda d: run_boto3(server, d, objects, tuned=True),
             "crt": lambda d: run_crt(server, d, objects),
@@ -225,34 +228,78 @@ def main() -> int:
             # Rotate the order each round so drift on this shared machine does not favour one client.
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:
                 runs[name].append(measure(name, runners[name], work, total))
-                print(f"round {round_ + 1} {name:22s} {json.dumps(runs[name][-1])}", flush=True)
+                print(f"{files}x{file_mib}MiB round {round_ + 1} {name:14s} {json.dumps(runs[name][-1])}", flush=True)
         for name, got in runs.items():
             ok = [r for r in got if "seconds" in r]
             if not ok:
                 results["clients"][name] = got[-1]
                 continue
             seconds = statistics.median(r["seconds"] for r in ok)
+            durable = statistics.median(r["durable_s"] for r in ok)
             results["clients"][name] = {"seconds": seconds, "mb_s": round(total / seconds / 1e6, 1),
+                                        "durable_mb_s": round(total / durable / 1e6, 1),
+                                        "cpu_s_per_gb": statistics.median(r["cpu_s_per_gb"] for r in ok),
                                         "runs_mb_s": [round(total / r["seconds"] / 1e6, 1) for r in ok],
-                                        **{k: v for k, v in ok[-1].items() if k != "seconds"}}
+                                        **{k: v for k, v in ok[-1].items()
+                                           if k not in ("seconds", "durable_s", "cpu_s_per_gb")}}
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    results["ratios"] = ratios(results["clients"])
+    return results
 
-    ok = {n: c["mb_s"] for n, c in results["clients"].items() if "mb_s" in c}
-    if "nodewarm" in ok:
-        peers = {n: v for n, v in ok.items() if not n.startswith("nodewarm") and n != "curl"}
-        results["ratios"] = {
-            "nodewarm_vs_best_peer": round(ok["nodewarm"] / max(peers.values()), 2) if peers else None,
-            "best_peer": max(peers, key=peers.get) if peers else None,
-            "nodewarm_vs_raw_http": round(ok["nodewarm"] / ok["curl"], 2) if "curl" in ok else None,
-            **{f"nodewarm_vs_{n}": round(ok["nodewarm"] / v, 2) for n, v in ok.items() if n != "nodewarm"},
-        }
-        print(json.dumps({n: c.get("mb_s", c.get("error")) for n, c in results["clients"].items()}, indent=1))
-        print(json.dumps(results["ratios"], indent=1))
+
+def ratios(clients: dict) -> dict:
+    """nodewarm against the fastest peer and raw HTTP (speed), and against the leanest peer (CPU)."""
+    ok = {n: c for n, c in clients.items() if "mb_s" in c}
+    if "nodewarm" not in ok:
+        return {}
+    nw = ok["nodewarm"]
+    peers = {n: c for n, c in ok.items() if n not in ("nodewarm", "curl")}
+    out: dict = {}
+    if peers:
+        best = max(peers, key=lambda n: peers[n]["mb_s"])
+        lean = min(peers, key=lambda n: peers[n]["cpu_s_per_gb"])
+        best_durable = max(peers, key=lambda n: peers[n]["durable_mb_s"])
+        out.update(best_peer=best, speed_vs_best_peer=round(nw["mb_s"] / peers[best]["mb_s"], 2),
+                   durable_vs_best_peer=round(nw["mb_s"] / peers[best_durable]["durable_mb_s"], 2),
+                   leanest_peer=lean, cpu_vs_leanest_peer=round(nw["cpu_s_per_gb"] / peers[lean]["cpu_s_per_gb"], 2))
+    if "curl" in ok:
+        out["speed_vs_raw_http"] = round(nw["mb_s"] / ok["curl"]["mb_s"], 2)
+        out["durable_vs_raw_http"] = round(nw["mb_s"] / ok["curl"]["durable_mb_s"], 2)
+        out["cpu_vs_raw_http"] = round(nw["cpu_s_per_gb"] / ok["curl"]["cpu_s_per_gb"], 2)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="4x256,1x1024,64x16",
+                    help="comma-separated FILESxMiB model shapes (default: 4x256,1x1024,64x16)")
+    ap.add_argument("--engine", default="seaweedfs", choices=["seaweedfs", "rclone"])
+    ap.add_argument("--clients", default="nodewarm,boto3-default,boto3-tuned,crt,aws-cli,curl")
+    ap.add_argument("--repeat", type=int, default=3, help="timed rounds per client; the median is reported")
+    ap.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/weights-<ts>.json)")
+    args = ap.parse_args()
+
+    from nodewarm import logs
+
+    logs.setup("WARNING")
+    shapes = []
+    for shape in args.shapes.split(","):
+        files, _, mib = shape.partition("x")
+        shapes.append((int(files), int(mib)))
+    doc = {"engine": args.engine, "repeat": args.repeat, "cpus": os.cpu_count(), "shapes": {}}
+    for files, mib in shapes:
+        doc["shapes"][f"{files}x{mib}MiB"] = bench_shape(args, files, mib)
+    print(f"\n{'shape':12s} {'client':14s} {'MB/s':>8s} {'durable':>8s} {'CPU-s/GB':>9s}")
+    for shape, res in doc["shapes"].items():
+        for name, c in res["clients"].items():
+            print(f"{shape:12s} {name:14s} {c.get('mb_s', 'error'):>8} {c.get('durable_mb_s', ''):>8} "
+                  f"{c.get('cpu_s_per_gb', ''):>9}")
+        print(f"{shape:12s} ratios: {json.dumps(res['ratios'])}")
     out = args.out or REPO / "bench/results" / f"weights-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(doc, indent=2))
     print(f"results: {out}")
     return 0
 

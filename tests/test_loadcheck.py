@@ -39,3 +39,37 @@ def test_the_load_check_runs_with_the_pods_streamer_settings(s3, proxy, tmp_path
         assert p.returncode == 0, p.stderr
         check = json.loads(p.stdout)["load_check"]
         assert check["files"] == 2 and check["streamer"] == {"concurrency": 3, "chunk_bytes": 2 * 1024 * 1024}
+
+
+@pytest.mark.torch
+def test_each_file_is_load_checked_as_it_lands_while_the_rest_downloads(s3, proxy, tmp_path, monkeypatch):
+    import threading
+
+    from faultproxy import Hook
+    from nodewarm.bootstrap.weights import pipeline
+
+    files = model_files(shards=2, mib_per_shard=1, seed=42)
+    uri = put_model(s3, files)
+    first, second = sorted(n for n in files if n.endswith(".safetensors"))
+    checked, first_checked = [], threading.Event()
+    real = pipeline.check_loadable
+
+    def recording(paths, tuning):
+        out = real(paths, tuning)
+        checked.extend(p.name for p in paths)
+        if first in checked:
+            first_checked.set()
+        return out
+
+    monkeypatch.setattr(pipeline, "check_loadable", recording)
+    waited = []
+    # The second shard's bytes are held back until the first shard has been load-checked: a check that
+    # waited for the whole download would never come, and the hook would give up.
+    proxy.rule = lambda r: Hook(lambda req: waited.append(first_checked.wait(60))) \
+        if r.is_get and r.path.endswith(second) else None
+    with loop_volume(tmp_path, 64) as vol:
+        summary = warm(uri, vol / "m", load_check=True, concurrency=1)
+    assert waited and all(waited)
+    assert checked == [first, second]
+    assert summary.load_check["files"] == 2 and summary.load_check["overlapped"]
+    assert "load_check_tail" in summary.phases

@@ -78,6 +78,7 @@ class WeightsSummary:
     storage: dict = field(default_factory=dict)
     load_check: dict | None = None
     pull: dict = field(default_factory=dict)
+    first_byte_at: float | None = None  # epoch seconds of the first downloaded byte (None: nothing to fetch)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -232,18 +233,60 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         pull_cfg = s3pull.default_config(plan.fetch_bytes, max((o.size for o in fetch), default=0),
                                          os.cpu_count() or 1, **cfg.pull_overrides)
         summary.pull = {"concurrency": pull_cfg.concurrency, "part_size": pull_cfg.part_size}
-        with phase("download"):
-            _download(uri, dest, state, fetch, local, pull_cfg, summary, cfg.progress_interval_s)
-        download_s = summary.phases["download"]
-        if summary.downloaded_bytes and download_s > 0:
-            summary.throughput_mb_s = round(summary.downloaded_bytes / download_s / 1e6, 1)
+        checker = _LoadChecker(dest, cfg.streamer) if cfg.load_check else None
+        try:
+            if checker:
+                # Files this run does not fetch are checked now; fetched ones as each lands (on_file).
+                fetched = {o.rel_path for o in fetch}
+                checker.submit([rel for rel in tensors if rel not in fetched])
+            with phase("download"):
+                _download(uri, dest, state, fetch, local, pull_cfg, summary, cfg.progress_interval_s,
+                          on_ready=checker.submit_one if checker else None)
+            download_s = summary.phases["download"]
+            if summary.downloaded_bytes and download_s > 0:
+                summary.throughput_mb_s = round(summary.downloaded_bytes / download_s / 1e6, 1)
+            if checker:
+                with phase("load_check_tail"):
+                    check = checker.result()
+                summary.load_check = {"files": check.files, "bytes": check.bytes, "seconds": round(check.seconds, 3),
+                                      "gb_per_s": round(check.gb_per_s, 3), "streamer": asdict(cfg.streamer),
+                                      "overlapped": True}
+                log.info("weights.load_check", **summary.load_check)
+        finally:
+            if checker:
+                checker.close()
 
-    if cfg.load_check:
-        with phase("load_check"):
-            check = check_loadable([dest / rel for rel in tensors], cfg.streamer)
-        summary.load_check = {"files": check.files, "bytes": check.bytes, "seconds": round(check.seconds, 3),
-                              "gb_per_s": round(check.gb_per_s, 3), "streamer": asdict(cfg.streamer)}
-        log.info("weights.load_check", **summary.load_check)
+
+class _LoadChecker:
+    """The load check, one file at a time on its own thread, as each file lands: it reads the file while
+    the download still fills the page cache with others, so only the last file's check is left after
+    the download (the ``load_check_tail`` phase). Failures surface in ``result()``, naming the file."""
+
+    def __init__(self, dest: Path, streamer: StreamerTuning):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.dest, self.streamer = dest, streamer
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-check")
+        self.futures = []
+
+    def submit(self, rel_paths: list[str]) -> None:
+        for rel in rel_paths:
+            self.futures.append(self.pool.submit(check_loadable, [self.dest / rel], self.streamer))
+
+    def submit_one(self, rel_path: str) -> None:
+        if rel_path.endswith(".safetensors"):
+            self.submit([rel_path])
+
+    def result(self):
+        from .loadcheck import LoadCheck
+
+        checks = [f.result() for f in self.futures]  # the first failure raises, naming its file
+        return LoadCheck(sum(c.files for c in checks), sum(c.bytes for c in checks), sum(c.seconds for c in checks))
+
+    def close(self) -> None:
+        for f in self.futures:
+            f.cancel()
+        self.pool.shutdown(wait=True)
 
 
 def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
@@ -266,7 +309,7 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
 
 def _download(uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest.RemoteObject],
               local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig, summary: WeightsSummary,
-              interval_s: float) -> None:
+              interval_s: float, on_ready=None) -> None:
     if not fetch:
         return
     lock = threading.Lock()
@@ -289,12 +332,17 @@ def _download(uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest
             summary.verify_s = round(summary.verify_s + done.verify_s, 3)
         log.info("weights.file_ready", file=done.obj.rel_path, bytes=done.obj.size, verified_by=done.verified_by,
                  resumed_bytes=done.resumed_bytes)
+        if on_ready is not None:
+            on_ready(done.obj.rel_path)
 
     client = s3client.make_client(pull_cfg.concurrency + 4, pull_cfg.connect_timeout_s, pull_cfg.stall_timeout_s)
     log.info("weights.download", files=len(fetch), bytes=sum(o.size for o in fetch),
              concurrency=pull_cfg.concurrency, part_size=pull_cfg.part_size)
     try:
         with Progress("download", sum(o.size for o in fetch), interval_s) as progress:
-            s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
+            try:
+                s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
+            finally:
+                summary.first_byte_at = progress.first_byte_at
     finally:
         summary.verified = dict(verified)

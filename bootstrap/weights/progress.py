@@ -59,9 +59,13 @@ class Progress:
             self._stream.write("\r" + render_bar(self.snapshot()) + "\n")
             self._stream.flush()
 
+    first_byte_at: float | None = None  # wall clock (time.time()) of the first byte: the timeline's "first byte"
+
     def add(self, n: int) -> None:
         with self._lock:
             self._done += n
+            if self.first_byte_at is None and n > 0:
+                self.first_byte_at = time.time()
 
     def snapshot(self) -> Snapshot:
         with self._lock:
