@@ -1,9 +1,11 @@
-"""The node agent: weights -> compile caches -> the node's `nodewarm.io/Warm` condition.
+"""The node agent: weights, compile caches and the serving image, together -> the `nodewarm.io/Warm` condition.
 
 This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mode) run as
-`nodewarm bootstrap run`. The order matters: the weights are the part that can fail the node (not
-NVMe, too small, S3 errors); a compile-cache problem only makes the first compile cold, so it is
-reported but never fails the warm-up. Whatever happens, the outcome ends up in the condition, so the
+`nodewarm bootstrap run`. The three phases share nothing (the weights' folder, the compile-cache folder,
+the kubelet's image store), so they run at once and Warm is reported when the last one ends; the
+timeline records each phase's start and end. Only the weights can fail the node (not NVMe, too small,
+S3 errors): a compile-cache problem only makes the first compile cold and an image not pre-pulled is
+pulled by the kubelet when the pod lands, so both are reported but never fail the warm-up. Whatever happens, the outcome ends up in the condition, so the
 controller (which alone may lift the taint) knows what to do: an exception nodewarm has no reason for
 is reported as InternalError naming its type, never left to kill the agent before it reports. A
 launcher failure recorded before this start (launchrecord) is reported first.
@@ -14,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -79,12 +83,14 @@ class AgentResult:
     message: str
     weights: WeightsSummary | None = None
     cache: restore.RestoreResult | None = None
+    image: object | None = None         # imageprepull.PrepullResult
     timeline: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
                 "weights": dataclasses.asdict(self.weights) if self.weights else None,
-                "compileCache": self.cache.to_dict() if self.cache else None}
+                "compileCache": self.cache.to_dict() if self.cache else None,
+                "image": dataclasses.asdict(self.image) if self.image else None}
 
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
@@ -101,15 +107,31 @@ class AgentResult:
         return out
 
 
-def _stamp() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _stamp(at: float | None = None) -> str:
+    when = datetime.fromtimestamp(at, timezone.utc) if at is not None else datetime.now(timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def warm(cfg: AgentConfig) -> AgentResult:
-    """Run both phases; never raises an Exception: every failure becomes the result."""
-    timeline = {"agent_started": _stamp()}
+def _launch_started() -> str | None:
+    """When the launcher began (nodewarm-launch exports it): unit start -> first byte is the boot cost."""
     try:
-        return _warm(cfg, timeline)
+        return _stamp(float(os.environ["NODEWARM_LAUNCH_STARTED"]))
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
+
+
+
+def warm(cfg: AgentConfig, image_wait=None) -> AgentResult:
+    """Run the phases; never raises an Exception: every failure becomes the result.
+
+    ``image_wait(stop)`` waits for the serving image on this node (it needs the API; run() binds it).
+    """
+    timeline = {"agent_started": _stamp()}
+    launched = _launch_started()
+    if launched:
+        timeline["launch_started"] = launched
+    try:
+        return _warm(cfg, timeline, image_wait)
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
         timeline["agent_failed"] = _stamp()
@@ -117,30 +139,62 @@ def warm(cfg: AgentConfig) -> AgentResult:
                            f"{' '.join(str(e).split())}", timeline=timeline)
 
 
-def _warm(cfg: AgentConfig, timeline: dict[str, str]) -> AgentResult:
+def _weights(cfg: AgentConfig, timeline: dict[str, str]) -> WeightsSummary:
+    timeline["weights_started"] = _stamp()
     try:
         summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest, allow_non_nvme=cfg.allow_non_nvme,
                                              host_root=cfg.host_root, load_check=cfg.load_check,
                                              streamer=cfg.streamer))
-    except NodewarmError as e:
-        log.error("agent.weights_failed", reason=e.reason, error=str(e))
+    except NodewarmError:
         timeline["weights_failed"] = _stamp()
-        return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}", timeline=timeline)
+        raise
+    if summary.first_byte_at is not None:
+        timeline["first_byte"] = _stamp(summary.first_byte_at)
     timeline["weights_done"] = _stamp()
+    return summary
 
-    cache = None
-    if cfg.compile_cache_uri:
-        if not cfg.verify_key:
-            cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
-                                          "bundles are never restored")
-        else:
-            cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
-                                             cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
-                                             node_labels=cfg.node_labels)
-        # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
-        hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
-        timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
-        log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
+
+def _compile_cache(cfg: AgentConfig, timeline: dict[str, str]) -> restore.RestoreResult:
+    timeline["compile_cache_started"] = _stamp()
+    if not cfg.verify_key:
+        cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
+                                      "bundles are never restored")
+    else:
+        cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
+                                         cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
+                                         node_labels=cfg.node_labels)
+    # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
+    hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
+    timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
+    log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
+    return cache
+
+
+def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
+    timeline["image_prepull_started"] = _stamp()
+    result = image_wait(stop)
+    timeline["image_prepull_done" if result.status == "pulled" else "image_prepull_ended"] = _stamp()
+    log.info("agent.image_prepull", status=result.status, reason=result.reason, message=result.message)
+    return result
+
+
+def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None) -> AgentResult:
+    stop = threading.Event()  # the weights failed: stop waiting for the image, the node is not warm anyway
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="phase") as pool:
+        weights = pool.submit(_weights, cfg, timeline)
+        cache_f = pool.submit(_compile_cache, cfg, timeline) if cfg.compile_cache_uri else None
+        image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
+        try:
+            summary = weights.result()
+        except NodewarmError as e:
+            stop.set()
+            log.error("agent.weights_failed", reason=e.reason, error=str(e))
+            return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}", timeline=timeline)
+        except BaseException:
+            stop.set()
+            raise
+        cache = cache_f.result() if cache_f else None
+        image = image_f.result() if image_f else None
 
     message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
                f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")
@@ -149,7 +203,9 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str]) -> AgentResult:
                     "not verified against S3")
     if cache is not None:
         message += "; " + cache.condition_message()
-    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, timeline=timeline)
+    if image is not None:
+        message += "; " + image.message
+    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, timeline=timeline)
 
 
 def _write_result(state_dir: Path, result: AgentResult) -> None:
