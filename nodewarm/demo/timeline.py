@@ -10,14 +10,30 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The phases in the order they must happen on a warm node.
-PHASES = ("launched", "registered", "nvme_verified", "weights_done", "compile_cache_restored",
-          "warm_reported", "taint_lifted", "pod_bound")
+# Every moment the demo records; the node agent's phases run at once, so only some are ordered.
+PHASES = ("launched", "registered", "weights_started", "compile_cache_started", "image_prepull_started",
+          "first_byte", "image_prepull_done", "compile_cache_restored", "weights_done", "warm_reported",
+          "taint_lifted", "pod_bound", "serving")
+# What must happen in this order on a warm node; each agent phase must also end before Warm is reported.
+ORDER = ("launched", "registered", "warm_reported", "taint_lifted", "pod_bound", "serving")
+BEFORE_WARM = ("weights_done", "compile_cache_restored", "image_prepull_done")
 LABELS = {
-    "launched": "launched", "registered": "registered", "nvme_verified": "NVMe verified",
-    "weights_done": "weights done", "compile_cache_restored": "compile cache", "warm_reported": "Warm=True",
-    "taint_lifted": "taint lifted", "pod_bound": "pod bound",
+    "launched": "launched", "registered": "registered", "weights_started": "pull started",
+    "compile_cache_started": "restore started", "image_prepull_started": "image wait started",
+    "first_byte": "first byte", "image_prepull_done": "image pulled", "compile_cache_restored": "cache restored",
+    "weights_done": "weights done", "warm_reported": "Warm=True", "taint_lifted": "taint lifted",
+    "pod_bound": "pod bound", "serving": "first compiled call",
 }
+# The bars of the chart: (label, from, to). The agent's three overlap by design.
+SPANS = (
+    ("boot to agent start", "registered", "weights_started"),
+    ("pull weights", "weights_started", "weights_done"),
+    ("restore compile cache", "compile_cache_started", "compile_cache_restored"),
+    ("pre-pull serving image", "image_prepull_started", "image_prepull_done"),
+    ("report Warm, lift taint", "weights_done", "taint_lifted"),
+    ("wait for scheduler", "taint_lifted", "pod_bound"),
+    ("first compiled call", "pod_bound", "serving"),
+)
 
 
 @dataclass
@@ -32,9 +48,14 @@ class NodeTimeline:
         self.times.setdefault(phase, t)
 
     def order_violations(self) -> list[str]:
-        """Phases recorded out of order (e.g. a pod bound before its node's taint was lifted)."""
-        seen = [(p, self.times[p]) for p in PHASES if p in self.times]
-        return [f"{a} ({ta:.3f}) after {b} ({tb:.3f})" for (a, ta), (b, tb) in zip(seen, seen[1:]) if tb < ta]
+        """Moments recorded out of order (e.g. a pod bound before its node's taint was lifted)."""
+        seen = [(p, self.times[p]) for p in ORDER if p in self.times]
+        out = [f"{a} ({ta:.3f}) after {b} ({tb:.3f})" for (a, ta), (b, tb) in zip(seen, seen[1:]) if tb < ta]
+        warm = self.times.get("warm_reported")
+        if warm is not None:
+            out += [f"warm_reported ({warm:.3f}) before {p} ({self.times[p]:.3f})"
+                    for p in BEFORE_WARM if p in self.times and self.times[p] > warm]
+        return out
 
 
 def relative(nodes: list[NodeTimeline]) -> tuple[float, dict[str, dict[str, float]]]:
@@ -59,10 +80,13 @@ def summary(nodes: list[NodeTimeline], baseline: dict | None = None) -> dict:
 
 
 def table(nodes: list[NodeTimeline]) -> str:
+    """One row per node: how long each bar of the chart took (the agent's three overlap)."""
     _, rel = relative(nodes)
-    cols = [p for p in PHASES if any(p in r for r in rel.values())]
-    head = ["node"] + [LABELS[c] for c in cols]
-    rows = [[n] + [f"{r[c]:.2f}s" if c in r else "-" for c in cols] for n, r in rel.items()]
+    cols = [(label, a, b) for label, a, b in SPANS if any(a in r and b in r for r in rel.values())]
+    head = ["node"] + [label for label, _, _ in cols] + ["registered -> first compiled call"]
+    rows = [[n] + [f"{r[b] - r[a]:.1f}s" if a in r and b in r else "-" for _, a, b in cols]
+            + [f"{r['serving'] - r['registered']:.1f}s" if "serving" in r and "registered" in r else "-"]
+            for n, r in rel.items()]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join(fmt.format(*r) for r in [head] + rows)
@@ -75,30 +99,40 @@ def write_json(doc: dict, path: Path) -> None:
     tmp.rename(path)
 
 
-def write_png(nodes: list[NodeTimeline], path: Path, baseline_s: float | None = None) -> None:
-    """A Gantt-like chart: one row per node, one coloured segment per phase."""
+def write_png(nodes: list[NodeTimeline], path: Path, baseline: dict | None = None) -> None:
+    """A Gantt chart: per node one lane per phase (the agent's phases overlap), then the no-warm baseline
+    as its own bar: pull from S3, then compile cold, from the same registration."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    _, rel = relative(nodes)
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(rel)))
-    colours = plt.get_cmap("tab10")
-    for row, (name, r) in enumerate(rel.items()):
-        marks = [(p, r[p]) for p in PHASES if p in r]
-        for (p, start), (_, end) in zip(marks, marks[1:]):
-            ax.broken_barh([(start, max(end - start, 0.02))], (row - 0.35, 0.7), color=colours(PHASES.index(p)))
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colours(i), label=f"{LABELS[p]} → next") for i, p in enumerate(PHASES[:-1])]
-    if baseline_s is not None:
-        handles.append(ax.axvline(baseline_s, color="black", linestyle="--",
-                                  label=f"no-warm baseline: first compiled call ({baseline_s:.1f}s)"))
-    ax.set_yticks(range(len(rel)), list(rel))
-    ax.set_xlabel("seconds since first launch")
-    ax.set_title("nodewarm: scale-up timeline per node")
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, fontsize="small")
+    _, rel = relative(nodes)
+    colours = plt.get_cmap("tab10")
+    rows: list[tuple[str, list[tuple[int, float, float]]]] = []
+    for name, r in rel.items():
+        bars = [(i, r[a], r[b]) for i, (_, a, b) in enumerate(SPANS) if a in r and b in r]
+        rows.append((name, bars))
+    if baseline is not None and rel:
+        reg = min(r["registered"] for r in rel.values() if "registered" in r)
+        pull, cold = baseline["pull_from_s3_s"], baseline["cold_compile_first_call_s"]
+        rows.append(("no-warm baseline", [(len(SPANS), reg, reg + pull), (len(SPANS) + 1, reg + pull, reg + pull + cold)]))
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.9 * len(rows)))
+    for row, (_, bars) in enumerate(rows):
+        lanes = sorted({i for i, _, _ in bars})
+        for i, start, end in bars:
+            # Overlapping phases get their own thin lane inside the node's row.
+            k, h = lanes.index(i), 0.8 / max(len(lanes), 1)
+            ax.broken_barh([(start, max(end - start, 0.05))], (row - 0.4 + k * h, h * 0.9), color=colours(i))
+    labels = [label for label, _, _ in SPANS] + ["baseline: pull from S3 in the pod", "baseline: cold compile"]
+    handles = [Patch(color=colours(i), label=label) for i, label in enumerate(labels)
+               if any(j == i for _, bars in rows for j, _, _ in bars)]
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first launch")
+    ax.set_title("nodewarm: scale-up timeline per node, against the no-warm baseline")
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
