@@ -59,6 +59,9 @@ class AgentConfig:
     streamer: StreamerTuning = StreamerTuning()     # the vLLM pod's streamer settings, for the load check
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
     node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
+    serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)
+    prepull_namespace: str = "nodewarm-system"      # where the image pre-pull pod runs (spec.bootstrap.namespace)
+    prepull_deadline_s: float = 600.0               # spec.bootstrap.imagePrepullTimeout
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:

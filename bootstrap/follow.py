@@ -71,7 +71,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
         host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, streamer=streamer_tuning(p),
-        state_dir=opts.state_dir, node_labels=dict(node_labels or {}))
+        state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
+        prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s))
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:

@@ -15,3 +15,5 @@ TIMELINE_ANNOTATION = "nodewarm.io/timeline"
 WEIGHTS_ANNOTATION = "nodewarm.io/weights"
 # Set by the node agent when the launcher failed before it started (what failed, when): see bootstrap/launchrecord.py.
 LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"
+# The serving image pre-pull's outcome (bootstrap/imageprepull.py), recorded by the node agent on its own Node.
+IMAGE_ANNOTATION = "nodewarm.io/image-prepull"

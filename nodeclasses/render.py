@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from nodewarm.errors import ProfileError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
+from nodewarm.userdata import daemonset
 
-from . import agentaccess, automode, ec2nodeclass, iam, identity, nodepool, vllm
+from . import agentaccess, automode, ec2nodeclass, iam, identity, nodepool, prepull, vllm
 from .launch import bootstrap_launch
 
 
@@ -53,13 +54,14 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
         docs.append(automode.render(p, types))
     docs.append(nodepool.render(p))
     if p.uses_daemonset:
-        from nodewarm.userdata import daemonset
-
         docs += daemonset.manifests(bootstrap_launch(p), nodepool=p.nodes.node_pool, image=bootstrap_image(p),
                                     readiness_taint_key=p.readiness.taint_key, namespace=p.bootstrap.namespace,
                                     service_account_annotations=identity.service_account_annotations(p, "agent"))
     else:
-        docs += agentaccess.node_rbac()
+        # The host agent needs no namespace, but the image pre-pull pod does. The same Namespace document as the
+        # DaemonSet launchers': profiles of both kinds may share it, and each apply would otherwise flip its labels.
+        docs += agentaccess.node_rbac() + [daemonset.namespace_doc(p.bootstrap.namespace)]
+    docs.append(prepull.daemonset(p))
     if p.compile_cache.publisher:
         docs.append(vllm.publisher_service_account(p))
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)

@@ -8,6 +8,7 @@ Validation happens in two layers, both reporting ``field: bad value: fix``:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,11 @@ class Bootstrap:
     artifact_sha256: str | None
     allow_non_nvme: bool
     namespace: str = "nodewarm-system"
+    image_prepull_timeout: str = "10m"
+
+    @property
+    def image_prepull_timeout_s(self) -> int:
+        return sizing.parse_duration_s(self.image_prepull_timeout)
 
 
 @dataclass(frozen=True)
@@ -246,9 +252,22 @@ def _check_deadline(doc: Any) -> None:
                            "could turn Warm")
 
 
+def _check_prepull_timeout(doc: Any) -> None:
+    """The schema's pattern refuses a bad duration too, but this says what a good one looks like."""
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    b = spec.get("bootstrap") if isinstance(spec, dict) else None
+    t = b.get("imagePrepullTimeout") if isinstance(b, dict) else None
+    bootstrap = strict_schema()["properties"]["spec"]["properties"]["bootstrap"]
+    pattern = bootstrap["properties"]["imagePrepullTimeout"]["pattern"]
+    if isinstance(t, str) and not re.match(pattern, t):
+        raise ProfileError("spec.bootstrap.imagePrepullTimeout", t, "a whole number of seconds, minutes or hours "
+                           "above zero, e.g. 90s, 10m (the default) or 1h")
+
+
 def from_dict(doc: dict) -> WarmProfile:
     """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
     _check_deadline(doc)
+    _check_prepull_timeout(doc)
     validate_document(doc)
     s = doc["spec"]
     m, sv, n, cc = s["model"], s["serving"], s["nodes"], s["compileCache"]
@@ -296,6 +315,7 @@ def from_dict(doc: dict) -> WarmProfile:
             artifact_sha256=b.get("artifactSha256"),
             allow_non_nvme=b.get("allowNonNvme", False),
             namespace=b.get("namespace", "nodewarm-system"),
+            image_prepull_timeout=b.get("imagePrepullTimeout", "10m"),
         ),
         aws=_aws(s.get("aws", {}), s),
         injection=Injection(mode=s.get("injection", {}).get("mode", "inject"),

@@ -27,8 +27,8 @@ def daemonset(docs: list[dict]) -> dict:
 
 def test_objects_in_apply_order():
     assert [d["kind"] for d in render()] == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                                             "DaemonSet"]
+                                             "Role", "RoleBinding", "ValidatingAdmissionPolicy",
+                                             "ValidatingAdmissionPolicyBinding", "DaemonSet"]
 
 
 def test_its_own_namespace_is_the_only_one_labelled_privileged():
@@ -70,6 +70,17 @@ def test_rbac_reports_status_but_cannot_touch_taints():
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     assert granted == {("nodes", "get"), ("nodes/status", "patch"), ("warmprofiles", "get"), ("warmprofiles", "watch"),
                        ("pods", "list")}
+
+
+def test_it_may_watch_pods_only_in_its_own_namespace():
+    """The image pre-pull pod lives there; a watch on every pod of the cluster would be more than it needs."""
+    role = next(d for d in render() if d["kind"] == "Role")
+    binding = next(d for d in render() if d["kind"] == "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "nodewarm-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": "nodewarm-system"}]
 
 
 def test_service_account_annotations_for_irsa():

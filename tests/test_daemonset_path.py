@@ -27,10 +27,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.s3]
 VENV_BIN = Path(sys.executable).parent
 
 
-def by_kind(docs, kind):
-    return next(d for d in docs if d["kind"] == kind)
-
-
 def pod_env(container: dict, node_name: str) -> dict[str, str]:
     """The container's env as the kubelet resolves it (only the downward-API fields the DaemonSet uses)."""
     out = {}
@@ -56,7 +52,7 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
     types = instancetypes.lookup(list(p.nodes.instance_types))
     profile.check(p, types)
     docs = render(p, types).documents
-    ds = by_kind(docs, "DaemonSet")
+    ds, = (d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith("nodewarm-bootstrap-"))
     assert ds["metadata"]["namespace"] == f"{name}-system"
     # Everything as rendered, except the admission policy (v1.20 has none; test_admission_policy covers it).
     apply(admin, [d for d in docs if not d["kind"].startswith("ValidatingAdmissionPolicy")])

@@ -11,7 +11,8 @@ import yaml
 from nodewarm import instancetypes, profile
 from nodewarm.cli import main
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import crdvalidate
+from nodewarm.nodeclasses import crdvalidate, prepull
+from nodewarm.nodeclasses.labels import PROFILE_LABEL
 from nodewarm.nodeclasses.render import render
 from nodewarm.testenv import kube as kubeenv
 from nodewarm.testenv.crds import AUTOMODE_TEST_CRD
@@ -33,6 +34,23 @@ def by_kind(docs, kind):
 
 def container(docs):
     return by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def daemonset(docs, prefix):
+    """The agent's DaemonSet (``nodewarm-bootstrap-``) or the image pre-pull's (``<profile>-image-prepull``)."""
+    found = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(prefix)]
+    assert len(found) == 1, [d["metadata"]["name"] for d in docs if d["kind"] == "DaemonSet"]
+    return found[0]
+
+
+# The three launchers: AL2023 user data, and the agent DaemonSet on Bottlerocket (under Karpenter) and Auto Mode.
+LAUNCHERS = ["al2023", "bottlerocket", "automode"]
+
+
+def launcher(name: str, **changes) -> dict:
+    if name == "bottlerocket":
+        changes["spec__nodes__amiAlias"] = "bottlerocket@latest"
+    return v("automode" if name == "automode" else "karpenter", **changes)
 
 
 def test_karpenter_mode_nodeclass_and_nodepool():
@@ -95,8 +113,68 @@ def test_automode_renders_nodeclass_and_daemonset_not_userdata():
     assert "userData" not in nc["spec"]
     assert nc["spec"]["ephemeralStorage"]["size"].endswith("Gi")
     assert by_kind(docs, "NodePool")["spec"]["template"]["spec"]["nodeClassRef"]["group"] == "eks.amazonaws.com"
-    assert by_kind(docs, "DaemonSet")
+    assert daemonset(docs, "nodewarm-bootstrap-")
     assert not any(d["kind"] == "EC2NodeClass" for d in docs)
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_every_launcher_renders_the_serving_image_prepull(name):
+    docs = rendered(launcher(name, spec__serving__image="registry.example/vllm:v1"))
+    ds = daemonset(docs, "qwen3-35b-image-prepull")
+    order = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert order.index(("Namespace", "nodewarm-system")) < order.index(("DaemonSet", "qwen3-35b-image-prepull"))
+    assert ds["metadata"]["namespace"] == "nodewarm-system"
+    pod = ds["spec"]["template"]["spec"]
+    # The pool's nodes, while the startup taint is still on them: exactly where and when the agent runs.
+    assert pod["nodeSelector"] == {"karpenter.sh/nodepool": "gpu-p5", "kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": "nodewarm.io/warming", "operator": "Exists"},
+                                  {"key": "nvidia.com/gpu", "operator": "Exists"}]
+    if name != "al2023":
+        agent = daemonset(docs, "nodewarm-bootstrap-")["spec"]["template"]["spec"]
+        assert (pod["nodeSelector"], pod["tolerations"]) == (agent["nodeSelector"], agent["tolerations"])
+        assert "initContainers" not in agent        # the agent never waits for the image to start
+    [init] = pod["initContainers"]
+    assert (init["name"], init["image"]) == ("serving-image", "registry.example/vllm:v1")
+    assert init["command"] == ["/bin/true"]
+    [main] = pod["containers"]
+    assert main["image"] == prepull.PAUSE_IMAGE and "command" not in main
+    # Nothing to protect: no token, no volume, no privilege, a bounded footprint on a GPU node.
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod and "volumes" not in pod
+    for c in (init, main):
+        assert "volumeMounts" not in c
+        sc = c["securityContext"]
+        assert (sc["privileged"], sc["allowPrivilegeEscalation"]) == (False, False)
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"]
+    # The agent finds the pod by this selector. The profile label would make it a vLLM pod of an older generation
+    # to the agent (profilesource.pods_on_node), which would then never free old weights.
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    wanted = dict(kv.split("=") for kv in prepull.label_selector("qwen3-35b").split(","))
+    assert wanted == ds["spec"]["selector"]["matchLabels"] and wanted.items() <= labels.items()
+    assert PROFILE_LABEL not in labels
+
+
+def test_the_bootstrap_namespace_is_one_document_for_every_launcher():
+    """Profiles of different launchers may share it: one apply must not undo another's labels."""
+    spaces = [by_kind(rendered(launcher(name)), "Namespace") for name in LAUNCHERS]
+    assert spaces[0] == spaces[1] == spaces[2]
+
+
+def test_the_agent_waits_for_the_rendered_prepull_pod():
+    """What the agent reads at boot names the image, namespace and pod the renderer put on its node."""
+    from pathlib import Path
+
+    from nodewarm.bootstrap import follow, profilesource
+
+    docs = rendered(launcher("automode", spec__bootstrap__imagePrepullTimeout="90s",
+                             spec__bootstrap__namespace="warm-ns"))
+    ds = daemonset(docs, "qwen3-35b-image-prepull")
+    resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
+    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
+    assert cfg.serving_image == ds["spec"]["template"]["spec"]["initContainers"][0]["image"]
+    assert cfg.prepull_namespace == ds["metadata"]["namespace"] == "warm-ns"
+    assert ds["spec"]["selector"]["matchLabels"] == prepull.selector(cfg.profile)
+    assert cfg.prepull_deadline_s == 90.0
 
 
 def _actions(pol) -> set[str]:
@@ -167,9 +245,9 @@ def _strict_crds():
     return crdvalidate.load_dir(kubeenv.upstream_crd_files() + [AUTOMODE_TEST_CRD])
 
 
-@pytest.mark.parametrize("mode", ["karpenter", "automode"])
-def test_rendered_objects_pass_the_strict_crd_check(mode):
-    docs = rendered(v(mode))
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_rendered_objects_pass_the_strict_crd_check(name):
+    docs = rendered(launcher(name))
     assert crdvalidate.validate(docs, _strict_crds()) == {}
 
 
@@ -190,20 +268,21 @@ def test_release_crds_accept_the_rendered_objects_too():
 
 
 @pytest.mark.kube
-@pytest.mark.parametrize("mode", ["karpenter", "automode"])
-def test_server_accepts_every_rendered_object(kube, mode):
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_server_accepts_every_rendered_object(kube, name):
     from kubernetes import client
 
-    suffix = mode[:4]
-    doc = v(mode, metadata__name=f"qwen-{suffix}", spec__nodes__nodePool=f"gpu-{suffix}",
-            spec__nodes__nodeClass=f"gpu-{suffix}", spec__serving__namespace=f"ns-{suffix}")
+    suffix = name[:4]
+    doc = launcher(name, metadata__name=f"qwen-{suffix}", spec__nodes__nodePool=f"gpu-{suffix}",
+                   spec__nodes__nodeClass=f"gpu-{suffix}", spec__serving__namespace=f"ns-{suffix}")
     # The v1.20 API server has no ValidatingAdmissionPolicy (1.30+); its CEL is tested in test_admission_policy.
     docs = [d for d in rendered(doc) if not d["kind"].startswith("ValidatingAdmissionPolicy")]
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": f"ns-{suffix}"}})
     results = apply(kube.api_client(), docs)
-    # The agent's ClusterRoles (and the nodes' binding) serve every profile in a cluster: another test may
-    # have made them first.
-    assert {r.kind for r in results if r.action != "created"} <= {"ClusterRole", "ClusterRoleBinding"}
+    # The agent's ClusterRoles (and the nodes' binding), the bootstrap namespace and the agent's identity in it
+    # serve every profile in a cluster: another test may have made them first.
+    assert {r.kind for r in results if r.action != "created"} <= {"ClusterRole", "ClusterRoleBinding", "Namespace",
+                                                                  "ServiceAccount", "Role", "RoleBinding"}
     # Read back: what the server stored equals what we sent (nothing pruned away).
     from kubernetes.dynamic import DynamicClient
 
@@ -424,7 +503,7 @@ def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
     want_concurrency = json.loads(next(a for a in c["args"] if a.startswith("--model-loader-extra-config="))
                                   .split("=", 1)[1])["concurrency"]
     want_chunk = int(next(e["value"] for e in c["env"] if e["name"] == "RUNAI_STREAMER_CHUNK_BYTESIZE"))
-    agent = by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    agent = daemonset(docs, "nodewarm-bootstrap-")["spec"]["template"]["spec"]["containers"][0]
     assert "--skip-load-check" not in agent["args"]
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
     cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))

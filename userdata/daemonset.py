@@ -26,6 +26,7 @@ from .errors import UserDataInvalid
 from .launch import BootstrapLaunch
 
 NAME = "nodewarm-bootstrap"
+PREPULL_ROLE = f"{NAME}-image-prepull"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 GPU_TAINT_KEYS = ("nvidia.com/gpu",)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
@@ -92,8 +93,8 @@ def manifests(
     service_account_annotations: Mapping[str, str] | None = None,
     with_admission_policy: bool = True,
 ) -> list[dict]:
-    """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the admission policy and the DaemonSet for one
-    NodePool, in apply order.
+    """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the Role and RoleBinding that let it watch the
+    image pre-pull pod, the admission policy and the DaemonSet for one NodePool, in apply order.
 
     ``image`` must have ``nodewarm`` and ``python3`` on PATH. ``service_account_annotations`` carries an IRSA role
     (``eks.amazonaws.com/role-arn``); with Pod Identity the association names this ServiceAccount instead.
@@ -133,6 +134,21 @@ def manifests(
         "kind": "ClusterRoleBinding",
         "metadata": {"name": f"{NAME}:{namespace}", "labels": {"app.kubernetes.io/name": NAME}},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+    }
+    # It waits for the image pre-pull pod on its node (nodeclasses/prepull.py) with a watch: in its own namespace
+    # only, where that pod lives, not on every pod of the cluster.
+    prepull_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": PREPULL_ROLE, "namespace": namespace, "labels": {"app.kubernetes.io/name": NAME}},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
+    }
+    prepull_binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": PREPULL_ROLE, "namespace": namespace, "labels": {"app.kubernetes.io/name": NAME}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PREPULL_ROLE},
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
     }
     cache = {"name": "nvme", "mountPath": launch.cache_mount, "mountPropagation": "HostToContainer"}
@@ -181,4 +197,5 @@ def manifests(
         },
     }
     policy = admission_policy(namespace) if with_admission_policy else []
-    return [namespace_doc(namespace), service_account, role, binding, *policy, daemonset]
+    return [namespace_doc(namespace), service_account, role, binding, prepull_role, prepull_binding, *policy,
+            daemonset]
