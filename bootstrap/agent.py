@@ -27,7 +27,8 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION, WEIGHTS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION,
+    WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
@@ -102,6 +103,8 @@ class AgentResult:
             if self.cache.status == "cold":
                 out[CACHE_ANNOTATION] = "cold"
             out[CACHE_REASON_ANNOTATION] = self.cache.reason
+        if self.image is not None:
+            out[IMAGE_ANNOTATION] = f"{self.image.status} {self.image.reason}"
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
@@ -223,6 +226,16 @@ def _write_result(state_dir: Path, result: AgentResult) -> None:
         log.warning("agent.result_not_written", path=str(state_dir / RESULT_FILE), error=str(e))
 
 
+def image_waiter(cfg: AgentConfig, api_client):
+    """The image phase bound to this node (None: the profile names no serving image to pre-pull)."""
+    if not cfg.serving_image or api_client is None:
+        return None
+    from .imageprepull import wait_for_image
+
+    return lambda stop: wait_for_image(api_client, cfg.node_name, cfg.serving_image, namespace=cfg.prepull_namespace,
+                                       profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
+
+
 def run(cfg: AgentConfig, api_client) -> AgentResult:
     """warm(), then report it on this node with the node's own identity."""
     from .nodestatus import report_warm
@@ -235,7 +248,7 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         report_warm(api_client, cfg.node_name, False, launch.reason, launch.condition_message(),
                     {LAUNCH_FAILURE_ANNOTATION: launch.annotation()})
         launchrecord.clear(cfg.state_dir)
-    result = warm(cfg)
+    result = warm(cfg, image_waiter(cfg, api_client))
     if launch is not None:
         result.timeline["launch_failed"] = launch.time
     result.timeline["warm_reported"] = _stamp()

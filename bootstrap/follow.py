@@ -159,9 +159,9 @@ class Follower:
         """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
         cfg = agent_config(r, self.opt, self._node_labels())
         log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
-        result = agent.warm(cfg)
+        result = agent.warm(cfg, agent.image_waiter(cfg, self.api))
         if not result.warm and result.reason == "InsufficientNVMe" and self._free_older(r):
-            result = agent.warm(cfg)
+            result = agent.warm(cfg, agent.image_waiter(cfg, self.api))
         self.last = result
         if not result.warm:
             self._failed_at = time.monotonic()

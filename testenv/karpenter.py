@@ -90,7 +90,7 @@ class SimNode:
 
 class KarpenterSim:
     def __init__(self, api_client, zone: str = "us-west-2a", default_instance_type: str = "p5.48xlarge"):
-        self.kube = Kube(api_client)
+        self.api, self.kube = api_client, Kube(api_client)
         self.zone, self.default_instance_type = zone, default_instance_type
 
     # 0 -------------------------------------------------------------------------------------------------
@@ -197,6 +197,46 @@ class KarpenterSim:
         return self._remove_taints(node, lambda t: t.get("key") == "node.kubernetes.io/not-ready")
 
     # 5 -------------------------------------------------------------------------------------------------
+    def run_daemonset_pod(self, node: str, namespace: str, daemonset: str) -> dict:
+        """The DaemonSet controller and the node's kubelet for one DaemonSet pod (nothing runs containers
+        here): the pod from the stored template, bound to ``node``, then the status a kubelet reports once
+        every init container ran and the main ones started, with the image IDs a runtime would give."""
+        import copy
+        import hashlib
+
+        from kubernetes import client
+
+        apps, core = client.AppsV1Api(self.api), client.CoreV1Api(self.api)
+        ds = self.api.sanitize_for_serialization(apps.read_namespaced_daemon_set(daemonset, namespace))
+        template = copy.deepcopy(ds["spec"]["template"])
+        md = {"generateName": f"{daemonset}-", "namespace": namespace, "labels": template["metadata"]["labels"],
+              "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                   "uid": ds["metadata"]["uid"], "controller": True}]}
+        pod = self.api.sanitize_for_serialization(core.create_namespaced_pod(
+            namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": {**template["spec"], "nodeName": node}}))
+
+        def status(c: dict, state: dict) -> dict:
+            # As containerd names them: the registry and library/ spelled out, the tag in "image", the
+            # repository digest (never the tag) in "imageID".
+            ref = c["image"].partition("@")[0]
+            repo, tag = (ref.rsplit(":", 1) if ref.rfind(":") > ref.rfind("/") else (ref, "latest"))
+            first = repo.split("/", 1)[0]
+            if "/" not in repo or not ("." in first or ":" in first or first == "localhost"):
+                repo = f"docker.io/{repo if '/' in repo else 'library/' + repo}"
+            digest = hashlib.sha256(c["image"].encode()).hexdigest()
+            return {"name": c["name"], "image": f"{repo}:{tag}", "imageID": f"{repo}@sha256:{digest}",
+                    "ready": "running" in state, "restartCount": 0, "state": state}
+
+        now = _now()
+        body = {"status": {"phase": "Running", "startTime": now,
+                           "initContainerStatuses": [status(c, {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                                               "startedAt": now, "finishedAt": now}})
+                                                     for c in pod["spec"].get("initContainers") or []],
+                           "containerStatuses": [status(c, {"running": {"startedAt": now}})
+                                                 for c in pod["spec"]["containers"]]}}
+        return self.api.sanitize_for_serialization(
+            core.patch_namespaced_pod_status(pod["metadata"]["name"], namespace, body))
+
     def mark_registered(self, claim: str, ago_s: float = 0.0) -> dict:
         """``ago_s`` dates Registered back: deadline tests (deadlines are >= 1m) need not wait a minute."""
         c = self.kube.get(NODECLAIMS, claim)

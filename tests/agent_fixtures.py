@@ -8,7 +8,9 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm.controller.kube import WARMPROFILES
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import agentaccess
+from nodewarm import profile
+from nodewarm.nodeclasses import agentaccess, prepull
+from nodewarm.testenv.karpenter import KarpenterSim
 from profiles import variant
 
 
@@ -53,3 +55,33 @@ def warmprofile(k, agent_rbac):
 
 def node_kubeconfig(kube, tmp_path, node: str):
     return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
+
+
+@pytest.fixture
+def kubelet_pulls(admin):
+    """pull(doc, node): the profile's image pre-pull DaemonSet applied as rendered, then the DaemonSet
+    controller's and ``node``'s kubelet's part (nothing runs containers here): the node's pod for the current
+    template replaces any older one, and its status names the image with an imageID, as after a real pull.
+    The agent waits for exactly that before it reports Warm."""
+    from kubernetes import client
+
+    core, made = client.CoreV1Api(admin), []
+
+    def pull(doc: dict, node: str) -> dict:
+        p = profile.from_dict(doc)
+        ns, ds = p.bootstrap.namespace, prepull.daemonset_name(p.name)
+        apply(admin, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, prepull.daemonset(p)])
+        for old in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(p.name),
+                                            field_selector=f"spec.nodeName={node}").items:
+            core.delete_namespaced_pod(old.metadata.name, ns, grace_period_seconds=0)
+        pod = KarpenterSim(admin).run_daemonset_pod(node, ns, ds)
+        made.append((ns, p.name))
+        return pod
+
+    yield pull
+    for ns, name in set(made):
+        for pod in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(name)).items:
+            try:
+                core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+            except ApiException:
+                pass

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agent_fixtures import agent_rbac, node_kubeconfig, profile_doc, warmprofile  # noqa: F401  (fixtures)
+from agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, profile_doc, warmprofile  # noqa: F401
 from bootstrap_fixtures import model_files, proxy, put_model  # noqa: F401
 from nodewarm import generation, profile
 from test_userdata_launch import BUCKET, aws_path, bucket, run_launch  # noqa: F401
@@ -41,12 +41,13 @@ def warm_condition(k):
 
 
 def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_generation(
-        kube, aws_env, node, warmprofile, tmp_path, capsys):
+        kube, aws_env, node, warmprofile, kubelet_pulls, tmp_path, capsys):
     files = model_files(shards=2, mib_per_shard=1)
     uri = put_model(aws_env, files)
     key = signing.generate(tmp_path / "signing.key").public
     doc = profile_doc("agent-a", uri, **{"compileCache.verifyKey": key, "bootstrap.allowNonNvme": True})
     warmprofile(doc)
+    kubelet_pulls(doc, NODE)
     rc = run_agent(kube, tmp_path, "agent-a", "--json")
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["warm"] is True
@@ -65,8 +66,10 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     # The baseline the publisher sidecar judges serving against, where the rendered pod mounts it.
     baseline = json.loads((tmp_path / "nvme" / "compile-cache" / "nodewarm-baseline.json").read_text())
     assert (baseline["restored"], baseline["reason"]) == (False, "RuntimeUnknown")
-    assert set(json.loads(got["annotations"]["nodewarm.io/timeline"])) >= {"agent_started", "weights_done",
-                                                                           "warm_reported"}
+    assert got["annotations"]["nodewarm.io/image-prepull"] == "pulled ImagePulled"
+    assert set(json.loads(got["annotations"]["nodewarm.io/timeline"])) >= {
+        "agent_started", "weights_started", "weights_done", "compile_cache_started", "compile_cache_cold",
+        "image_prepull_started", "image_prepull_done", "warm_reported"}
     # The node reported; it did not (and could not) lift its own taint.
     assert TAINT in node.get(NODES, NODE)["spec"]["taints"]
 
@@ -141,14 +144,16 @@ def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(k
 
 
 @pytest.mark.s3
-def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env, node, warmprofile, tmp_path, capsys,
-                                                                  bucket, aws_path):
+def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env, node, warmprofile, kubelet_pulls,
+                                                                  tmp_path, capsys, bucket, aws_path):
     # The real launcher fails to fetch its artifact (the unit will retry) and leaves its record ...
     failed = run_launch(tmp_path, aws_env, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
     assert failed.returncode == 1 and (tmp_path / "state" / "launch-failure").exists()
     # ... which the agent, started by a later attempt, reports on the node before warming.
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    warmprofile(profile_doc("agent-lf", uri, **{"bootstrap.allowNonNvme": True}))
+    doc = profile_doc("agent-lf", uri, **{"bootstrap.allowNonNvme": True})
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
     assert run_agent(kube, tmp_path, "agent-lf", "--json") == 0
     timeline = json.loads(capsys.readouterr().out)["timeline"]
     ann = node.get(NODES, NODE)["metadata"]["annotations"]
@@ -156,4 +161,48 @@ def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env
     assert launch["reason"] == "ArtifactFetchFailed" and "absent/artifact.tar.gz" in launch["message"]
     assert timeline["launch_failed"] == launch["time"]
     assert not (tmp_path / "state" / "launch-failure").exists()  # reported once
+    assert warm_condition(node)["status"] == "True"
+
+
+def test_warm_waits_for_the_serving_image_while_weights_and_cache_run_beside_it(
+        kube, admin, aws_env, node, warmprofile, kubelet_pulls, tmp_path, capsys):
+    """The three phases start together; the weights finish first, and the node reports Warm only once the
+    kubelet says the serving image is on it (the test writes the pod status a kubelet writes: pulling, then
+    the imageID)."""
+    import threading
+
+    from kubernetes import client
+
+    from nodewarm.controller.kube import Kube
+
+    doc = profile_doc("agent-img", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=11)),
+                      **{"bootstrap.allowNonNvme": True})
+    warmprofile(doc)
+    pod = kubelet_pulls(doc, NODE)
+    ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    core = client.CoreV1Api(admin)
+    pulling = {"name": "serving-image", "image": doc["spec"]["serving"]["image"], "imageID": "", "ready": False,
+               "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+    core.patch_namespaced_pod_status(name, ns, {"status": {"phase": "Pending", "initContainerStatuses": [pulling]}})
+    rc = []
+    t = threading.Thread(target=lambda: rc.append(run_agent(kube, tmp_path, "agent-img", "--json")), daemon=True)
+    t.start()
+    k = Kube(admin)
+    models = tmp_path / "nvme" / "nodewarm" / "models" / "agent-img"
+    for _ in range(600):           # the weights land while the image is still being pulled
+        if list(models.rglob("*.safetensors")):
+            break
+        threading.Event().wait(0.1)
+    threading.Event().wait(1.0)
+    assert t.is_alive(), "the agent reported before the image was on the node"
+    conds = k.get(NODES, NODE)["status"].get("conditions") or []
+    assert not [c for c in conds if c["type"] == "nodewarm.io/Warm"]
+    kubelet_pulls(doc, NODE)      # the kubelet finished the pull: a Running pod whose status has the imageID
+    t.join(60)
+    assert rc == [0]
+    out = json.loads(capsys.readouterr().out)
+    tl = out["timeline"]
+    assert max(tl["compile_cache_started"], tl["image_prepull_started"]) < tl["weights_done"]
+    assert tl["weights_done"] < tl["image_prepull_done"] <= tl["warm_reported"]
+    assert out["image"]["status"] == "pulled" and out["image"]["image_id"].startswith("docker.io/vllm/vllm-openai@")
     assert warm_condition(node)["status"] == "True"

@@ -19,6 +19,7 @@ from controller_fixtures import running, taint_keys, uniq, wait_for
 from nodewarm import generation, instancetypes, profile
 from nodewarm.controller.kube import NODES
 from nodewarm.kubeapply import apply
+from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm.testenv.karpenter import KarpenterSim
 from profiles import v
@@ -59,6 +60,8 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
 
     sim = KarpenterSim(admin)
     node = sim.scale_up(p.nodes.node_pool).node
+    # The DaemonSet controller and the kubelet: the serving image's pre-pull pod on the node, pulled.
+    sim.run_daemonset_pod(node, p.bootstrap.namespace, prepull.daemonset_name(p.name))
     # The cloud provider labels the node's region; the agent has no other way to learn it on Auto Mode.
     k.merge_patch(NODES, node, {"metadata": {"labels": {"topology.kubernetes.io/region": "us-west-2"}}})
     assert p.readiness.taint_key in taint_keys(k, node)
@@ -87,6 +90,8 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
         cond = next(c for c in got["status"]["conditions"] if c["type"] == "nodewarm.io/Warm")
         assert (cond["status"], cond["reason"]) == ("True", "WeightsVerified"), cond
         assert got["metadata"]["labels"][generation.GENERATION_LABEL] == generation.generation(p)
+        # Read with the DaemonSet's ServiceAccount and the Role render gives it, nothing more.
+        assert got["metadata"]["annotations"]["nodewarm.io/image-prepull"] == "pulled ImagePulled"
         assert list((nvme / "nodewarm" / "models" / name / generation.model_key(p)).glob("*.safetensors"))
         assert agent.poll() is None, "the agent keeps running to follow its profile"
     finally:

@@ -11,7 +11,7 @@ import threading
 import pytest
 from kubernetes import config
 
-from agent_fixtures import agent_rbac, node_kubeconfig, profile_doc, warmprofile  # noqa: F401  (fixtures)
+from agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, profile_doc, warmprofile  # noqa: F401
 from bootstrap_fixtures import model_files, put_model
 from controller_fixtures import wait_for
 from nodewarm import generation, profile
@@ -86,7 +86,7 @@ def gen_of(doc) -> str:
 
 
 def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when_no_pod_uses_them(
-        kube, k, aws_env, fresh_node, warmprofile, tmp_path):
+        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
     v1 = profile_doc("follow-a", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=1)),
                      **{"bootstrap.allowNonNvme": True, "nodes.nodePool": POOL, "serving.tensorParallelSize": 1})
     v2 = copy.deepcopy(v1)
@@ -94,6 +94,7 @@ def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when
     v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
     serving_node(k, fresh_node, "node-3", gpus=2)
     warmprofile(v1)
+    kubelet_pulls(v1, "node-3")
     agent = Running(kube, tmp_path, "node-3", "follow-a")
     try:
         wait_for(lambda: label(k, "node-3") == gen_of(v1), 30, what="node labelled with generation 1")
@@ -108,6 +109,7 @@ def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when
                         "spec": {"nodeName": "node-3", "containers": [{"name": "c", "image": "pause"}]}}, "default")
 
         warmprofile(v2)
+        kubelet_pulls(v2, "node-3")     # the DaemonSet rolls its pod to the new image; the kubelet pulls it
         wait_for(lambda: label(k, "node-3") == gen_of(v2), 30, what="node relabelled with generation 2")
         new_dir = models / generation.model_key(profile.from_dict(v2))
         assert (new_dir / "config.json").exists() and old_dir.exists()
@@ -140,7 +142,7 @@ def scheduling(kube):
 
 
 def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generation(
-        scheduling, kube, k, admin, aws_env, fresh_node, warmprofile, tmp_path):
+        scheduling, kube, k, admin, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
     from nodewarm.kubeapply import apply
     from nodewarm.nodeclasses import vllm
 
@@ -157,6 +159,8 @@ def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generati
     serving_node(k, fresh_node, "node-3", gpus=4)       # its agent warmed once and is not following (stays gen 1)
     serving_node(k, fresh_node, "node-4", gpus=4)       # its agent follows the profile
     warmprofile(v1)
+    kubelet_pulls(v1, "node-3")
+    kubelet_pulls(v1, "node-4")
     once = Running(kube, tmp_path, "node-3", "follow-r", once=True)
     once.thread.join(60)
     agent = Running(kube, tmp_path, "node-4", "follow-r")
@@ -166,6 +170,7 @@ def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generati
         wait_for(lambda: len(bound(k, ns, gen_of(v1))) == 2, 60, what="two generation-1 pods bound")
 
         warmprofile(v2)
+        kubelet_pulls(v2, "node-4")
         wait_for(lambda: label(k, "node-4") == gen_of(v2), 30, what="the following node relabelled")
         assert label(k, "node-3") == gen_of(v1)
         apply(admin, [vllm.deployment(profile.from_dict(v2))])

@@ -30,7 +30,7 @@ from typing import TextIO
 
 from nodewarm import logs, profile
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import vllm
+from nodewarm.nodeclasses import prepull, vllm
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
@@ -351,6 +351,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         sim.mark_registered(claims[n])
         timelines[n].mark("registered", time.time())
         mounts[n].mkdir(parents=True, exist_ok=True)
+        # No container runtime here: the serving image's pre-pull pod is "pulled" at once by the stand-in
+        # kubelet; on a real node that pull overlaps the weights and the compile-cache restore.
+        sim.run_daemonset_pod(n, p.bootstrap.namespace, prepull.daemonset_name(p.name))
     say(f"5. scale-up of {opts.nodes}: NodeClaims launched, Nodes registered with {p.readiness.taint_key}:NoSchedule;"
         f" bootstrap running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
 
