@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,18 @@ def test_a_node_with_an_older_glibc_refuses_the_artifact_and_records_why(tmp_pat
     record = launchrecord.read(tmp_path / "state")
     assert record.reason == "ArtifactRejected"
     assert "needs glibc >= 2.34 but this node has glibc 2.17" in record.message and "amazonlinux:2023" in record.message
+
+
+@pytest.mark.s3
+def test_the_launcher_tells_the_agent_when_it_started(tmp_path, s3, bucket, aws_path):
+    blob = tiny_artifact(b'#!/bin/sh\necho "$NODEWARM_LAUNCH_STARTED"\n')
+    bucket.put_object(Bucket=BUCKET, Key="started/artifact.tar.gz", Body=blob)
+    before = time.time()
+    run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/started/artifact.tar.gz", hashlib.sha256(blob).hexdigest())
+    after = time.time()
+    assert run.returncode == 0, run.stderr
+    assert re.fullmatch(r"\d+\.\d{9}\n", run.stdout), run.stdout       # epoch seconds, nanosecond digits
+    assert before <= float(run.stdout) <= after                       # this launch's clock, not a stale value
 
 
 def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it():
