@@ -7,6 +7,11 @@ node B restores it (download, verify, extract, rename) into other directories an
 model in a fresh process. Prints the ratio
 restored/cold (target <= 0.10) and writes a JSON report.
 
+It also times the node agent's compile-cache phase for a small bundle (node A's Inductor cache alone, as
+`nodewarm demo` restores it: ~76 KB there), keyed as the agent keys it through the image's signed runtime
+descriptor: the median of a few fresh processes (testenv/restore_probe), and whether that phase imported
+(or tried to import) torch, triton or vLLM (target: < 1 s, none).
+
     .venv/bin/python bench/compile_cache.py [--layers 4 --d 256 --seq 128] [--engine rclone] [--out FILE]
 
 Defaults are the reference model (4 pre-LN blocks, d=256, seq 128: ~20-36 s cold on 2 vCPU). Wall
@@ -20,11 +25,14 @@ import argparse
 import getpass
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
@@ -34,6 +42,10 @@ from nodewarm.testenv import s3server
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "testenv" / "compile_probe.py"
 TARGET = 0.10
+RESTORE_TARGET_S = 1.0
+RESTORE_RUNS = 5
+# Any reference works: the descriptor is looked up by it and signed for it.
+SMALL_IMAGE = "nodewarm-bench/serving@sha256:" + "0" * 64
 
 
 def node_roots(node: Path) -> dict[str, Path]:
@@ -51,6 +63,42 @@ def run_model(node: Path, model_args: list[str]) -> dict:
     if proc.returncode != 0:
         sys.exit(f"model run failed:\n{proc.stderr[-3000:]}")
     return json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:"))[len("RESULT:"):])
+
+
+def agent_restore_phase(store: CacheStore, server: s3server.S3Server, probe: cachekey.RuntimeProbe,
+                        factors: cachekey.Factors, inductor: Path, signing_key: Ed25519PrivateKey, verify_key: str,
+                        work: Path) -> dict:
+    """Publish ``inductor`` alone with the image's runtime descriptor, then restore it RESTORE_RUNS times,
+    each in a fresh process running the agent's phase, into a fresh mount."""
+    work.mkdir(parents=True, exist_ok=True)
+    pub = publish.publish_once(store, {"inductor": inductor}, factors, signing_key, {},
+                               publish.PublishSettings(settle_s=1.5), runtime=probe)
+    if pub.status != "published":
+        sys.exit(f"publish of the small bundle failed: {pub.message}")
+    runs = []
+    for i in range(RESTORE_RUNS):
+        config = work / f"restore-probe-{i}.json"
+        config.write_text(json.dumps({
+            "uri": f"s3://{store.uri.bucket}/{store.root}", "verify_key": verify_key, "mount": str(work / f"m{i}"),
+            "spec": {"model": factors.model, "revision": factors.revision, "tp": factors.tp, "pp": factors.pp,
+                     "image": factors.image, "engine": dict(factors.engine)}}))
+        proc = subprocess.run([sys.executable, "-m", "nodewarm.testenv.restore_probe", str(config)],
+                              env={**os.environ, **server.env()}, capture_output=True, text=True, check=False)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
+        if proc.returncode != 0 or not lines:
+            sys.exit(f"restore probe failed:\n{proc.stderr[-3000:]}")
+        run = json.loads(lines[0][len("RESULT:"):])
+        if run["status"] != "restored":
+            sys.exit(f"small bundle not restored: {run['reason']}: {run['message']}")
+        runs.append(run)
+    seconds = [r["seconds"] for r in runs]
+    imported = sorted({m for r in runs for m in r["imported"]})
+    attempted = sorted({m for r in runs for m in r["attempted"]})
+    return {"runs": len(runs), "seconds_median": statistics.median(seconds), "seconds": seconds,
+            "bytes": pub.size, "files": pub.files, "unpacked_bytes": runs[0]["bytes"],
+            "torch_imported": "torch" in imported, "imported": imported, "import_attempts": attempted,
+            "target_s": RESTORE_TARGET_S,
+            "meets_target": statistics.median(seconds) < RESTORE_TARGET_S and not attempted and not imported}
 
 
 def main() -> int:
@@ -73,9 +121,9 @@ def main() -> int:
             server.create_bucket("bench-cc")
             store = CacheStore(parse_uri("s3://bench-cc/compile-cache"), client=server.client())
             pair = signing.generate(work / "signing.pem")
-            factors = cachekey.build_factors(cachekey.probe_runtime(), hardware.probe(env=os.environ),
-                                             cachekey.ServingSpec("bench/compile_cache.py", " ".join(model_args)),
-                                             os.environ)
+            probe, hw = cachekey.probe_runtime(), hardware.probe(env=os.environ)
+            factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("bench/compile_cache.py",
+                                                                             " ".join(model_args)), os.environ)
 
             cold = run_model(work / "nodeA", model_args)
 
@@ -94,6 +142,11 @@ def main() -> int:
                 sys.exit(f"restore failed: {rest.reason}: {rest.message}")
             warm = run_model(node_b, model_args)
             verdict = hitcheck.verify_hit(node_roots(node_b), rest.baseline, restored=True, counters=warm["counters"])
+
+            small_spec = cachekey.ServingSpec("bench/compile_cache.py", " ".join(model_args), image=SMALL_IMAGE)
+            small = cachekey.build_factors(probe, hw, small_spec, os.environ)
+            phase = agent_restore_phase(store, server, probe, small, node_roots(work / "nodeA")["inductor"],
+                                        signing_key, pair.public, work / "agent")
         finally:
             server.stop()
 
@@ -110,6 +163,7 @@ def main() -> int:
         "restored": warm,
         "publish": {"seconds": round(publish_s, 3), "bytes": pub.size, "files": pub.files, "protocol": pub.protocol},
         "restore": {"seconds": round(rest.seconds, 3), "files": rest.files, "unpacked_bytes": rest.bytes},
+        "agent_restore_small": phase,
         "hitcheck": verdict.to_dict(),
         "ratio_restored_over_cold": round(ratio, 4),
         "cpu_ratio_restored_over_cold": round(cpu_ratio, 4),
@@ -123,6 +177,9 @@ def main() -> int:
               f"{r['counters']}")
     print(f"publish {publish_s:.2f} s ({pub.size} bytes, {pub.files} files, {pub.protocol}); "
           f"restore {rest.seconds:.2f} s; hit check: {verdict.status} ({verdict.reason})")
+    print(f"agent compile-cache phase, small bundle ({phase['bytes']} bytes): median {phase['seconds_median']:.3f} s "
+          f"of {phase['runs']} fresh processes (target < {RESTORE_TARGET_S:.0f} s); torch/triton/vLLM imported: "
+          f"{', '.join(sorted({*phase['imported'], *phase['import_attempts']})) or 'none'}")
     print(f"ratio restored/cold  {ratio:.3f} wall, {cpu_ratio:.3f} CPU  "
           f"(target <= {TARGET}: {'met' if ratio <= TARGET else 'NOT met'}; wall is noisy on shared cores)")
     print(f"report: {out}")

@@ -29,7 +29,7 @@ A compile-cache problem never fails the warm-up: the condition says "compile wil
 A weights problem sets Warm=False with its reason (NotInstanceStore, InsufficientNVMe, S3...);
 ProfileNotFound / InvalidProfile / ProfileForbidden when the profile cannot be read; any unexpected
 failure InternalError, naming the exception type. A launcher failure recorded before this start
-(artifact fetch, Python install: STATE_DIR/launch-failure) is reported first. The outcome is also
+(artifact fetch, sha256, architecture, glibc: STATE_DIR/launch-failure) is reported first. The outcome is also
 written to STATE_DIR/agent-result.json.
 
 Credentials: Kubernetes from --kubeconfig, else $KUBECONFIG, else the kubelet's

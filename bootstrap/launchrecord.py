@@ -1,6 +1,6 @@
 """What went wrong before the agent could start, as the launchers left it for the agent to report.
 
-nodewarm-launch (artifact fetch, sha256, unpack) and the artifact's bin/nodewarm (architecture, Python)
+nodewarm-launch (artifact fetch, sha256, unpack) and the artifact's bin/nodewarm (architecture, glibc)
 fail before any Python of ours runs, so they cannot set the Node condition; they write
 ``$NODEWARM_STATE_DIR/launch-failure`` instead (``key=value`` lines, a blank line, the message) and the
 agent reports it with the node's identity when it next starts. A record is removed once reported.
@@ -22,7 +22,7 @@ MAX_MESSAGE = 4000
 
 @dataclass(frozen=True)
 class LaunchFailure:
-    reason: str   # CamelCase, as the launcher named it (ArtifactFetchFailed, ArtifactRejected, PythonUnavailable...)
+    reason: str   # CamelCase, as the launcher named it (ArtifactFetchFailed, ArtifactRejected...)
     status: int   # the launcher's exit status
     time: str     # when it failed, RFC 3339 UTC
     message: str

@@ -1,22 +1,23 @@
-"""Talking to S3: the boto3 client, what each failure means, retries with backoff.
+"""Talking to S3: the S3 client, what each failure means, retries with backoff.
 
-A plain boto3 client on purpose: boto3's transfer manager switches to the CRT on p4d/p5/p6 when awscrt
-is installed and then drops our settings (see shared/reference/testenv.md); a plain client with our own
-threads behaves the same on a p5 as in tests. Endpoint, credentials and region come from the standard
-AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION...), read by botocore.
-botocore's own retries are off: ours classify errors (no retry storm on bad credentials) and back off
-with jitter.
+A plain botocore client (what boto3.client returns, less boto3's transfer methods) on purpose: boto3's
+transfer manager switches to the CRT on p4d/p5/p6 when awscrt is installed and then drops our settings
+(see shared/reference/testenv.md); a plain client with our own threads behaves the same on a p5 as in
+tests. Endpoint, credentials and region come from the standard AWS environment (AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION...), read by botocore. botocore's own retries are off: ours
+classify errors (no retry storm on bad credentials) and back off with jitter.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-import boto3
+import botocore.session
 import urllib3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
@@ -151,8 +152,19 @@ def call_with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy,
     raise AssertionError("unreachable")
 
 
+@functools.cache
+def _data_loader():
+    """botocore's reader of its bundled JSON (the S3 API model, endpoint rules), made as botocore makes it
+    (AWS_DATA_PATH included), one per process. A new session parses those files again: 0.1-0.3 s of CPU
+    per client here, paid by the agent's compile-cache phase after the weights phase had paid it twice.
+    The parsed data is read-only (botocore shares it between the clients of one session too)."""
+    return botocore.session.get_session().get_component("data_loader")
+
+
 def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float):
-    """A plain S3 client from the standard AWS environment; one per pull, shared by its threads."""
+    """A plain S3 client from the standard AWS environment; one per pull, shared by its threads.
+
+    Its own session, so credentials, region and endpoint are read from the environment as it is now."""
     config = Config(
         max_pool_connections=pool_size,
         connect_timeout=connect_timeout_s,
@@ -163,4 +175,6 @@ def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float)
         # The pull's ranged GETs are presigned (weights/rangeget.py): SigV4, as every region requires.
         signature_version="s3v4",
     )
-    return boto3.session.Session().client("s3", config=config)
+    session = botocore.session.get_session()
+    session.register_component("data_loader", _data_loader())
+    return session.create_client("s3", config=config)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything nodewarm's tests, benchmarks and demo need on a fresh Debian 12 machine.
 # Idempotent: each step is skipped when its result is already there.
-#   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd for tests)
+#   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
 #   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (testenv/build-kube.sh, ~10 min once)
 #   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer, test servers)
 set -euo pipefail
@@ -11,7 +11,7 @@ log() { echo "[setup] $*" >&2; }
 SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
 
 APT_PKGS=(golang-go etcd-server rsync golang-github-modern-go-reflect2-dev openssl make curl
-          e2fsprogs xfsprogs util-linux shellcheck systemd)
+          e2fsprogs xfsprogs util-linux shellcheck systemd binutils)
 missing=()
 for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

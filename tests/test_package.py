@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
+import sysconfig
+import time
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -20,6 +24,7 @@ from nodewarm.cli import build_parser, main
 from nodewarm.userdata.al2023 import render_script
 from nodewarm.userdata.errors import PackageError
 from nodewarm.userdata.launch import BootstrapLaunch
+from nodewarm.userdata import interpreter
 from nodewarm.userdata.package import artifact_name, build, launcher, requirement_closure
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -44,14 +49,26 @@ def unpacked(packaged, tmp_path_factory) -> Path:
     return root
 
 
-def hermetic_path(tmp_path: Path) -> str:
-    """PATH where python3.X is this interpreter and nothing else of the environment is visible."""
-    bin_dir = tmp_path / "pybin"
+def tools_path(tmp_path: Path, **fakes: str) -> str:
+    """PATH holding only the commands bin/nodewarm uses (no python of any kind), plus ``fakes``:
+    name -> shell script body standing in for that command."""
+    bin_dir = tmp_path / "tools"
     bin_dir.mkdir(exist_ok=True)
-    link = bin_dir / f"python{PYTHON}"
-    if not link.exists():
-        link.symlink_to(sys.executable)
-    return f"{bin_dir}:/usr/bin:/bin"
+    for name in ("dirname", "uname", "getconf", "ldd", "sed", "date", "mkdir", "mv"):
+        if name not in fakes and not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(shutil.which(name))
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return str(bin_dir)
+
+
+def readelf_glibc(path: Path) -> tuple[int, int] | None:
+    """The highest GLIBC_x.y that binutils' readelf lists among ``path``'s version needs: an oracle for elf.py."""
+    out = subprocess.run(["readelf", "-V", "--wide", str(path)], capture_output=True, text=True, check=True).stdout
+    needs = out.split(".gnu.version_r", 1)[1] if ".gnu.version_r" in out else ""
+    found = [tuple(map(int, m)) for m in re.findall(r"Name: GLIBC_(\d+)\.(\d+)", needs)]
+    return max(found) if found else None
 
 
 def test_cli_prints_sha_uri_and_content_addressed_name(packaged):
@@ -76,12 +93,50 @@ def test_artifact_holds_nodewarm_and_its_dependencies_not_test_tools(packaged, u
     assert not list(unpacked.rglob("*.pyc"))
 
 
-def test_artifact_runs_with_only_the_stdlib_and_its_own_site(unpacked, tmp_path):
-    env = {"PATH": hermetic_path(tmp_path), "HOME": str(tmp_path)}
-    # The interpreter alone cannot import the dependencies under -I -S ...
-    bare = subprocess.run([sys.executable, "-I", "-S", "-c", "import boto3"], capture_output=True, env=env)
-    assert bare.returncode != 0
-    # ... so these imports come from the artifact.
+def test_artifact_carries_the_interpreter_without_what_an_agent_never_uses(unpacked):
+    lib = unpacked / "python" / "lib" / f"python{PYTHON}"
+    assert os.access(unpacked / "python" / "bin" / f"python{PYTHON}", os.X_OK)
+    assert (lib / "os.py").is_file() and (lib / "encodings" / "utf_8.py").is_file()
+    assert list((lib / "lib-dynload").glob("_ssl.*.so")) and list((lib / "lib-dynload").glob("zlib.*.so"))
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        assert (unpacked / "python" / "lib" / sysconfig.get_config_var("INSTSONAME")).is_file()
+    for absent in ("test", "idlelib", "tkinter", "ensurepip", "lib2to3", "site-packages", "unittest/test"):
+        assert not (lib / absent).exists(), absent
+    assert not list(lib.glob("config-*")) and not list((lib / "lib-dynload").glob("_tkinter*"))
+
+
+def test_manifest_glibc_is_the_highest_any_bundled_binary_needs(unpacked, packaged):
+    elves = [p for p in unpacked.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
+    assert any(p.name == f"python{PYTHON}" for p in elves) and any(p.suffix == ".so" for p in elves)
+    want = max(filter(None, map(readelf_glibc, elves)))
+    manifest = json.loads((unpacked / "manifest.json").read_text())
+    assert manifest["glibc"] == packaged["glibc"] == "%d.%d" % want
+    assert f'need="{manifest["glibc"]}"' in (unpacked / "bin/nodewarm").read_text()
+    # What the node must provide besides glibc, e.g. OpenSSL 3 for _ssl; libpython travels in the artifact.
+    assert manifest["system_libraries"]["libssl.so.3"] == ["OPENSSL_3.0.0"]
+    assert not any(name.startswith("libpython") for name in manifest["system_libraries"])
+
+
+def test_stdlib_selection_leaves_out_tests_gui_and_this_machines_packages():
+    keep = ["os.py", "encodings/utf_8.py", "json/decoder.py", "lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so",
+            "lib-dynload/zlib.cpython-311-x86_64-linux-gnu.so", "unittest/mock.py", "ctypes/util.py"]
+    drop = ["test/test_os.py", "idlelib/idle.py", "tkinter/__init__.py", "turtledemo/nim.py",
+            "ensurepip/__init__.py", "lib2to3/main.py", "site-packages/boto3/__init__.py",
+            "config-3.11-x86_64-linux-gnu/libpython3.11.a", "__pycache__/os.cpython-311.pyc",
+            "json/__pycache__/decoder.cpython-311.pyc", "unittest/test/test_case.py", "ctypes/test/test_funcptr.py",
+            "lib-dynload/_tkinter.cpython-311-x86_64-linux-gnu.so", "lib-dynload/_testcapi.cpython-311-x86_64-linux-gnu.so",
+            "lib-dynload/readline.cpython-311-x86_64-linux-gnu.so", "lib-dynload/nis.cpython-311-x86_64-linux-gnu.so"]
+    assert [r for r in keep if not interpreter.wanted(PurePosixPath(r))] == []
+    assert [r for r in drop if interpreter.wanted(PurePosixPath(r))] == []
+
+
+def test_artifact_runs_with_only_its_own_python_and_site(unpacked, tmp_path):
+    env = {"PATH": tools_path(tmp_path), "HOME": str(tmp_path)}
+    # The bundled interpreter alone cannot import the dependencies under -I -S ...
+    bare = subprocess.run([str(unpacked / f"python/bin/python{PYTHON}"), "-I", "-S", "-c", "import boto3"],
+                          capture_output=True, env={**env, "LD_LIBRARY_PATH": str(unpacked / "python/lib")})
+    assert bare.returncode != 0 and b"boto3" in bare.stderr
+    # ... so these imports come from the artifact's site/.
     run = subprocess.run([str(unpacked / "bin/nodewarm"), "--version"], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"nodewarm {__version__}"
@@ -90,13 +145,83 @@ def test_artifact_runs_with_only_the_stdlib_and_its_own_site(unpacked, tmp_path)
     assert deps.returncode == 0 and "sha256" in deps.stdout
 
 
+def test_artifact_runs_on_its_own_interpreter_with_the_build_python_hidden(unpacked, tmp_path):
+    """The build Python's prefix is hidden under an empty directory (a private mount namespace) and PATH has
+    no python: a real subcommand still runs, and the process is the artifact's interpreter."""
+    assert shutil.which("unshare"), "util-linux unshare is installed by scripts/setup.sh"
+    empty, fifo = tmp_path / "empty", tmp_path / "profile.yaml"
+    empty.mkdir()
+    os.mkfifo(fifo)
+    hide = 'mount --bind "$EMPTY" "$HIDE" && shift && exec "$@"'
+    argv = [shutil.which("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", hide, "sh", "x",
+            str(unpacked / "bin/nodewarm"), "render", "-f", str(fifo)]
+    env = {"PATH": f"{tools_path(tmp_path)}:{Path(shutil.which('mount')).parent}", "HOME": str(tmp_path),
+           "EMPTY": str(empty), "HIDE": sys.base_prefix}
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The FIFO opens for writing once the agent opens it to read the profile: nodewarm's main is running.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:       # ENXIO: no reader yet
+                if e.errno != errno.ENXIO or agent.poll() is not None or time.monotonic() > deadline:
+                    agent.kill()
+                    pytest.fail(f"the agent never opened its profile ({e}): {agent.communicate()}")
+                time.sleep(0.05)
+        exe = os.readlink(f"/proc/{agent.pid}/exe")
+        mapped = {line.split(None, 5)[5] for line in Path(f"/proc/{agent.pid}/maps").read_text().splitlines()
+                  if len(line.split(None, 5)) == 6}
+        os.write(writer, b"not: a profile\n")
+        os.close(writer)
+        out, err = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+    assert exe == str(unpacked / f"python/bin/python{PYTHON}")
+    assert not [m for m in mapped if m.startswith(sys.base_prefix)]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        assert str(unpacked / "python/lib" / sysconfig.get_config_var("INSTSONAME")) in mapped
+    assert [m for m in mapped if m.startswith(str(unpacked / f"python/lib/python{PYTHON}/lib-dynload/"))]
+    assert agent.returncode == 2 and "InvalidProfile" in err, err      # main ran to its end
+
+
 def test_artifact_refuses_another_architecture(tmp_path):
     (tmp_path / "bin").mkdir()
     script = tmp_path / "bin/nodewarm"
-    script.write_text(launcher(PYTHON, "not-" + os.uname().machine))
+    script.write_text(launcher(PYTHON, "not-" + os.uname().machine, "2.17"))
     script.chmod(0o755)
     run = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert run.returncode == 3 and "binaries but this machine is" in run.stderr
+
+
+@pytest.mark.parametrize("fakes", [
+    {"getconf": "echo 'glibc 2.17'"},
+    # No getconf answer: ldd's first line, as AL2023 prints it.
+    {"getconf": "exit 1", "ldd": "echo 'ldd (GNU libc) 2.17'; echo 'Copyright (C) 2021'"},
+], ids=["getconf", "ldd"])
+def test_artifact_refuses_a_node_with_an_older_glibc(unpacked, tmp_path, fakes):
+    need = json.loads((unpacked / "manifest.json").read_text())["glibc"]
+    env = {"PATH": tools_path(tmp_path, **fakes), "NODEWARM_STATE_DIR": str(tmp_path / "state")}
+    run = subprocess.run([str(unpacked / "bin/nodewarm"), "--version"], capture_output=True, text=True, env=env)
+    assert run.returncode == 3 and "nodewarm 0" not in run.stdout
+    assert f"needs glibc >= {need} but this node has glibc 2.17" in run.stderr
+    assert "nodewarm package on a machine or container whose glibc is <= 2.17" in run.stderr
+    record = (tmp_path / "state" / "launch-failure").read_text()
+    assert "reason=ArtifactRejected\nstatus=3\n" in record and f">= {need}" in record
+
+
+def test_artifact_runs_on_a_node_with_exactly_the_glibc_it_needs(unpacked, tmp_path):
+    need = json.loads((unpacked / "manifest.json").read_text())["glibc"]
+    env = {"PATH": tools_path(tmp_path, getconf=f"echo 'glibc {need}'")}
+    run = subprocess.run([str(unpacked / "bin/nodewarm"), "--version"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == f"nodewarm {__version__}", run.stderr
+
+
+def test_artifact_refuses_when_the_nodes_glibc_cannot_be_read(unpacked, tmp_path):
+    env = {"PATH": tools_path(tmp_path, getconf="exit 1", ldd="exit 1")}
+    run = subprocess.run([str(unpacked / "bin/nodewarm"), "--version"], capture_output=True, text=True, env=env)
+    assert run.returncode == 3 and "cannot tell this node's glibc version" in run.stderr
 
 
 def test_build_is_reproducible(tmp_path):
@@ -121,7 +246,7 @@ def test_rendered_user_data_fetches_verifies_and_runs_the_real_artifact(packaged
     if not any((Path(d) / "aws").exists() for d in aws_dirs.split(":")):
         pytest.skip("the aws CLI is not installed; test_userdata_launch covers the fetch with a stand-in")
     env = {**os.environ, **s3.env(), "NODEWARM_ROOT": str(tmp_path / "opt"),
-           "PATH": f"{hermetic_path(tmp_path).split(':')[0]}:{aws_dirs}",
+           "PATH": aws_dirs,
            "NODEWARM_ARTIFACT_URI": launch.artifact_uri, "NODEWARM_ARTIFACT_SHA256": launch.artifact_sha256}
     run = subprocess.run(["bash", str(tmp_path / "launch"), "--version"], capture_output=True, text=True, env=env,
                          timeout=300)

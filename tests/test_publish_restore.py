@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 import io
 import json
+import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -385,3 +387,26 @@ def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_im
               signing.seal(runtimedesc.payload("sha256:" + "ee" * 32, PROBE, env), keys[0]))
     swapped = restore.restore_for_node(uri, verify, SPEC, CacheDirs(inductor=tmp_path / "fresh"), host_root=HOST_A)
     assert (swapped.status, swapped.reason) == ("cold", "BundleTampered") and "not " + repr(SPEC.image) in swapped.message
+
+
+def test_agent_restore_path_imports_no_torch(aws_env, keys, tmp_path):
+    """The agent's compile-cache phase, run as the agent runs it in a fresh process (testenv/restore_probe),
+    restores a published bundle keyed through the image's signed descriptor without importing, or even
+    trying to import, torch, triton or vLLM: the AL2023 host agent has none of them, and importing torch
+    costs seconds the phase must not pay."""
+    aws_env.create_bucket("lean-cc")
+    uri = "s3://lean-cc/cc"
+    env = {"VLLM_USE_AOT_COMPILE": "1"}
+    store = CacheStore(parse_uri(uri))
+    res = publish.publish_once(store, _node(tmp_path, "a"), cachekey.build_factors(PROBE, HW_A, SPEC, env), keys[0],
+                               {}, FAST, runtime=PROBE)
+    assert res.status == "published"
+    config = tmp_path / "probe.json"
+    config.write_text(json.dumps({"uri": uri, "verify_key": signing.public_text(keys[1]), "mount": str(tmp_path / "m"),
+                                  "spec": dataclasses.asdict(SPEC), "host_root": str(HOST_A)}))
+    proc = subprocess.run([sys.executable, "-m", "nodewarm.testenv.restore_probe", str(config)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:"))[len("RESULT:"):])
+    assert (out["status"], out["files"]) == ("restored", res.files), out["message"]
+    assert out["imported"] == [] and out["attempted"] == [], out

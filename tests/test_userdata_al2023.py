@@ -81,7 +81,7 @@ def test_shell_syntax_and_shellcheck(tmp_path):
     files = {
         "part.sh": ("bash", script),
         "nodewarm-launch": ("bash", heredoc(script, "/opt/nodewarm/bin/nodewarm-launch")),
-        "artifact-launcher": ("sh", launcher("3.11", "x86_64")),
+        "artifact-launcher": ("sh", launcher("3.11", "x86_64", "2.34")),
     }
     for name, (shell, text) in files.items():
         (tmp_path / name).write_text(text)

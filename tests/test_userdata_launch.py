@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -121,15 +122,32 @@ def test_a_missing_artifact_fails_with_a_retryable_status(tmp_path, s3, bucket, 
 
 
 @pytest.mark.s3
-def test_a_python_that_cannot_be_installed_is_recorded_for_the_agent(tmp_path, s3, bucket, aws_path):
-    # The real bin/nodewarm of an artifact, for a Python this host lacks and cannot install (no dnf here).
-    blob = tiny_artifact(launcher("9.99", "any").encode())
-    uri = f"s3://{BUCKET}/nopython/artifact.tar.gz"
-    bucket.put_object(Bucket=BUCKET, Key="nopython/artifact.tar.gz", Body=blob)
-    run = run_launch(tmp_path, s3, aws_path, uri, hashlib.sha256(blob).hexdigest())
-    assert run.returncode == 4, run                  # retried by the unit: a repository can come back
+def test_a_node_with_an_older_glibc_refuses_the_artifact_and_records_why(tmp_path, s3, bucket, aws_path):
+    # The real bin/nodewarm of an artifact that needs glibc 2.34, on a node whose getconf says 2.17.
+    blob = tiny_artifact(launcher("3.11", os.uname().machine, "2.34").encode())
+    uri = f"s3://{BUCKET}/oldglibc/artifact.tar.gz"
+    bucket.put_object(Bucket=BUCKET, Key="oldglibc/artifact.tar.gz", Body=blob)
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "getconf").write_text("#!/bin/sh\necho 'glibc 2.17'\n")
+    (fake / "getconf").chmod(0o755)
+    run = run_launch(tmp_path, s3, f"{fake}:{aws_path}", uri, hashlib.sha256(blob).hexdigest())
+    assert run.returncode == 3, run                  # not retried by the unit: the same node cannot change
     record = launchrecord.read(tmp_path / "state")
-    assert record.reason == "PythonUnavailable" and "python9.99" in record.message
+    assert record.reason == "ArtifactRejected"
+    assert "needs glibc >= 2.34 but this node has glibc 2.17" in record.message and "amazonlinux:2023" in record.message
+
+
+@pytest.mark.s3
+def test_the_launcher_tells_the_agent_when_it_started(tmp_path, s3, bucket, aws_path):
+    blob = tiny_artifact(b'#!/bin/sh\necho "$NODEWARM_LAUNCH_STARTED"\n')
+    bucket.put_object(Bucket=BUCKET, Key="started/artifact.tar.gz", Body=blob)
+    before = time.time()
+    run = run_launch(tmp_path, s3, aws_path, f"s3://{BUCKET}/started/artifact.tar.gz", hashlib.sha256(blob).hexdigest())
+    after = time.time()
+    assert run.returncode == 0, run.stderr
+    assert re.fullmatch(r"\d+\.\d{9}\n", run.stdout), run.stdout       # epoch seconds, nanosecond digits
+    assert before <= float(run.stdout) <= after                       # this launch's clock, not a stale value
 
 
 def test_artifact_launch_skips_the_torch_load_check_and_the_daemonset_keeps_it():

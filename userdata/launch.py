@@ -61,8 +61,8 @@ class BootstrapLaunch:
         """The arguments after `nodewarm` that start the agent on the node."""
         argv = ["bootstrap", "run", "--profile", self.profile, "--mount", self.cache_mount]
         if self.artifact_uri:
-            # The artifact runs on the host's python with the standard library and nodewarm's pure-Python
-            # deps: no torch, so the Run:ai streamer load check cannot run there (the DaemonSet image can).
+            # The artifact carries the standard library and nodewarm's dependencies but no torch, so the
+            # Run:ai streamer load check cannot run there (the DaemonSet image can).
             argv.append("--skip-load-check")
         return argv
 

@@ -5,6 +5,9 @@
 # data carries no secret. Exit 3 means the artifact is wrong; the unit does not retry that.
 # A failure here happens before the agent (and its Node report) exists: it is written to
 # $NODEWARM_STATE_DIR/launch-failure, which the agent reports on the node as soon as one starts.
+# NODEWARM_LAUNCH_STARTED (epoch seconds) is taken first, so the agent can time unit start -> first byte pulled.
+NODEWARM_LAUNCH_STARTED=$(date +%s.%N)
+export NODEWARM_LAUNCH_STARTED
 set -euo pipefail
 : "${NODEWARM_ARTIFACT_URI:?missing; it is set in /etc/nodewarm/bootstrap.env}"
 : "${NODEWARM_ARTIFACT_SHA256:?missing; it is set in /etc/nodewarm/bootstrap.env}"

@@ -1,11 +1,13 @@
-"""`nodewarm package`: the artifact AL2023 nodes fetch — nodewarm and its dependencies, runnable by one tar.
+"""`nodewarm package`: the artifact AL2023 nodes fetch — nodewarm, its dependencies and the Python they run on.
 
-Layout: ``bin/nodewarm`` (runs ``python3.X -I -S`` with ``site/`` first on sys.path), ``site/`` (nodewarm
-and every distribution it requires, exactly as installed here) and ``manifest.json``. It is taken from
-this environment rather than resolved anew so the node runs the versions that were tested; compiled
-extensions (cryptography, zstandard, ...) make it specific to this Python minor version and CPU
-architecture, both of which the launcher checks on the node. The tar.gz is reproducible: same environment,
-same bytes, same sha256 — the sha256 the user data pins.
+Layout: ``bin/nodewarm`` (runs ``python/bin/python3.X -I -S`` with ``site/`` first on sys.path),
+``python/`` (the CPython this runs on: interpreter, shared libpython, standard library with lib-dynload;
+see interpreter.py), ``site/`` (nodewarm and every distribution it requires, exactly as installed here) and
+``manifest.json``. It is taken from this environment rather than resolved anew so the node runs the
+versions that were tested, and nothing is installed on the node at boot. The binaries inside are specific
+to this CPU architecture and link against this machine's glibc: the launcher checks the node's architecture
+and glibc against what the manifest records (elf.py reads the requirement from the files themselves).
+The tar.gz is reproducible: same environment, same bytes, same sha256 — the sha256 the user data pins.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from nodewarm import logs
+from . import elf, interpreter
 from .errors import PackageError
 
 log = logs.get("userdata.package")
@@ -37,6 +40,10 @@ log = logs.get("userdata.package")
 # Not part of a wheel built from a checkout: version control, virtual environments, build output, caches.
 _SOURCE_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
                                         ".pytest_cache", "out", "results", "node_modules")
+# Amazon Linux 2023 ships glibc 2.34: an artifact needing more cannot start on its nodes.
+AL2023_GLIBC = (2, 34)
+GLIBC_FIX = ("AL2023 nodes (glibc 2.34) will refuse this artifact: run nodewarm package on AL2023, e.g. in an "
+             "amazonlinux:2023 container, or on another machine whose glibc is at most the nodes'")
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Artifact:
     size: int
     python: str
     arch: str
+    glibc: str                         # the lowest glibc the node may have, e.g. "2.34"
     distributions: dict[str, str]
 
 
@@ -78,15 +86,27 @@ def artifact_name(version: str, python: str, arch: str, sha256: str) -> str:
     return f"nodewarm-{version}-py{python.replace('.', '')}-{arch}-{sha256[:12]}.tar.gz"
 
 
-def launcher(python: str, arch: str) -> str:
+def launcher(python: str, arch: str, glibc: str) -> str:
     text = resources.files(__package__).joinpath("artifact-launcher.sh.tmpl").read_text()
-    return text.replace("@@PYTHON@@", python).replace("@@ARCH@@", arch)
+    return text.replace("@@PYTHON@@", python).replace("@@ARCH@@", arch).replace("@@GLIBC@@", glibc)
+
+
+def glibc_requirement(needs: elf.NodeNeeds) -> str:
+    if needs.glibc is None:
+        raise PackageError("this Python and its extension modules require no glibc symbol version; nodewarm "
+                           "package supports glibc-linked CPython builds only (pyenv, python.org, a distribution's)")
+    return "%d.%d" % needs.glibc
+
+
+def exceeds_al2023(glibc: str) -> bool:
+    return tuple(int(p) for p in glibc.split(".")) > AL2023_GLIBC
 
 
 def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
     """Write the artifact into ``output_dir`` and return where it is and its sha256."""
     names = requirement_closure("nodewarm", extras, _installed_requires)
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    runtime = interpreter.running()
+    python = runtime.version
     with tempfile.TemporaryDirectory(prefix="nodewarm-package-") as tmp:
         files: dict[str, Path] = {}
         versions: dict[str, str] = {}
@@ -99,10 +119,14 @@ def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
         if pth:
             raise PackageError(f"{', '.join(pth)}: .pth files do not run under the node's `python -S`; package "
                                "from an environment without the distributions that ship them")
-        arch = platform.machine() if any(a.endswith(".so") for a in files) else "any"
+        files.update(interpreter.files(runtime))
+        needs = elf.node_needs(_elf_needs(files))
+        glibc = glibc_requirement(needs)
+        arch = platform.machine()
         manifest = {"name": "nodewarm", "version": versions["nodewarm"], "python": python, "arch": arch,
+                    "glibc": glibc, "system_libraries": {k: list(v) for k, v in needs.libraries.items()},
                     "distributions": dict(sorted(versions.items()))}
-        extra = {"bin/nodewarm": (launcher(python, arch).encode(), 0o755),
+        extra = {"bin/nodewarm": (launcher(python, arch, glibc).encode(), 0o755),
                  "manifest.json": (json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n", 0o644)}
         output_dir.mkdir(parents=True, exist_ok=True)
         partial = output_dir / ".nodewarm-artifact.partial"
@@ -110,8 +134,11 @@ def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
         sha = _sha256(partial)
         final = output_dir / artifact_name(versions["nodewarm"], python, arch, sha)
         partial.replace(final)
-    log.info("package.built", path=str(final), sha256=sha, distributions=len(versions), arch=arch, python=python)
-    return Artifact(path=final, sha256=sha, size=final.stat().st_size, python=python, arch=arch,
+    log.info("package.built", path=str(final), sha256=sha, distributions=len(versions), arch=arch, python=python,
+             glibc=glibc)
+    if exceeds_al2023(glibc):
+        log.warning("package.glibc_above_al2023", glibc=glibc, fix=GLIBC_FIX)
+    return Artifact(path=final, sha256=sha, size=final.stat().st_size, python=python, arch=arch, glibc=glibc,
                     distributions=manifest["distributions"])
 
 
@@ -171,6 +198,17 @@ def _wheel_files(dist: metadata.Distribution, tmp: Path) -> dict[str, Path]:
     unpacked = tmp / "unpacked"
     shutil.unpack_archive(next(wheels.glob("*.whl")), unpacked, format="zip")
     return {p.relative_to(unpacked).as_posix(): p for p in unpacked.rglob("*") if p.is_file()}
+
+
+def _elf_needs(files: dict[str, Path]) -> dict[str, elf.ElfNeeds]:
+    """Every ELF file among ``files`` (the interpreter, libpython, extension modules, bundled libraries)."""
+    out = {}
+    for arcname, path in files.items():
+        with open(path, "rb") as f:
+            if elf.is_elf(f.read(4)):
+                f.seek(0)
+                out[arcname] = elf.parse(f.read(), str(path))
+    return out
 
 
 def _write_tar(path: Path, files: dict[str, Path], extra: dict[str, tuple[bytes, int]]) -> None:
