@@ -28,7 +28,7 @@ from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION,
-    WEIGHTS_ANNOTATION,
+    WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
@@ -57,6 +57,7 @@ class AgentConfig:
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
     generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
+    readiness_taint: str = ""   # the startup taint: while it is on, the controller writes the generation label
     streamer: StreamerTuning = StreamerTuning()     # the vLLM pod's streamer settings, for the load check
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
     node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
@@ -254,7 +255,11 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
     result.timeline["warm_reported"] = _stamp()
     if cfg.state_dir:
         _write_result(cfg.state_dir, result)
-    labels = {GENERATION_LABEL: cfg.generation} if result.warm and cfg.generation else None
-    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, result.annotations(), labels)
+    labels, annotations = None, result.annotations()
+    if result.warm and cfg.generation:
+        labels = {GENERATION_LABEL: cfg.generation}
+        annotations[WARM_GENERATION_ANNOTATION] = cfg.generation
+    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, annotations, labels,
+                startup_taint=cfg.readiness_taint or None)
     log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))
     return result

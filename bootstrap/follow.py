@@ -26,6 +26,7 @@ from pathlib import Path
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
+from nodewarm.nodeclasses.labels import WARM_GENERATION_ANNOTATION
 
 from . import agent, profilesource
 from .nodestatus import report_warm
@@ -70,7 +71,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
-        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, streamer=streamer_tuning(p),
+        host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, readiness_taint=p.readiness.taint_key,
+        streamer=streamer_tuning(p),
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s))
 
@@ -172,8 +174,9 @@ class Follower:
                         {REWARM_ANNOTATION: f"{r.generation} {result.reason}"})
             return False
         report_warm(self.api, self.opt.node_name, True, result.reason, result.message,
-                    {**result.annotations(), REWARM_ANNOTATION: f"{r.generation} done"},
-                    {GENERATION_LABEL: r.generation})
+                    {**result.annotations(), REWARM_ANNOTATION: f"{r.generation} done",
+                     WARM_GENERATION_ANNOTATION: r.generation},
+                    {GENERATION_LABEL: r.generation}, startup_taint=cfg.readiness_taint)
         log.info("rewarm.done", generation=r.generation, previous=self.held.generation)
         self.held, self._failed_at = r, None
         self.collect_garbage()

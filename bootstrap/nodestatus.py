@@ -6,6 +6,12 @@ and the controller (with `patch nodes`) lifts the taint.
 
 Annotations (compile-cache outcome, timeline), labels (the generation) and the condition go in one patch of
 ``nodes/status``: the controller acts on the condition and finds the facts beside it.
+
+Except the generation label while the startup taint is still on: a label the vLLM pods select on, added
+while the taint still keeps them off, makes the kube-scheduler retry them (NodeAffinity's queueing hint:
+the node now matches), fail on the taint and back off, for up to ``podMaxBackoffSeconds`` (10 s) after the
+taint is lifted. So on a tainted node the agent only records the generation (``nodewarm.io/warm-generation``)
+and the controller sets the label in the same write that lifts the taint: one event, one successful try.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from nodewarm.errors import NodewarmError
 from nodewarm.nodeclasses.labels import WARM_CONDITION
 
 STRATEGIC = "application/strategic-merge-patch+json"
+# The kubelet and controllers write Nodes too; a conflicting write is re-read and sent again.
+CONFLICT_RETRIES = 8
 
 log = logs.get("bootstrap.nodestatus")
 
@@ -42,8 +50,13 @@ def _call(api_client, method: str, path: str, body=None, content_type: str | Non
 
 
 def report_warm(api_client, node_name: str, status: bool, reason: str, message: str,
-                annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict:
+                annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                startup_taint: str | None = None) -> dict:
     """Set annotations and labels, then the ``nodewarm.io/Warm`` condition, on ``node_name``; returns the Node.
+
+    ``labels`` are left out while the node carries ``startup_taint`` (the controller writes them as it lifts
+    it, see the module doc). The write is conditional on the Node read just before it, so a taint lifted in
+    between is seen on the retry, never missed.
 
     ``lastTransitionTime`` moves only when the status flips (so the controller's phase times mean
     what they say); the heartbeat always moves. ``reason`` is CamelCase (e.g. WeightsVerified,
@@ -53,26 +66,36 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
 
     path = f"/api/v1/nodes/{node_name}"
     want = "True" if status else "False"
-    try:
-        node = _call(api_client, "GET", path)
-        old = next((c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == WARM_CONDITION), None)
-        now = _now()
-        cond = {"type": WARM_CONDITION, "status": want, "reason": reason, "message": message[:32768],
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want else now}
-        meta = {k: dict(v) for k, v in (("annotations", annotations), ("labels", labels)) if v}
-        # One write, through the status subresource: the API server keeps metadata but resets spec there, so
-        # the identity needs no `patch nodes` and can never touch a taint; facts and condition land together.
-        # Strategic merge keys node conditions by type: the kubelet's Ready & co. are left alone.
-        body = {"status": {"conditions": [cond]}, **({"metadata": meta} if meta else {})}
-        node = _call(api_client, "PATCH", f"{path}/status", body, STRATEGIC)
-    except ApiException as e:
-        if e.status in (401, 403):
-            raise NodewarmError(f"cannot report Warm on node {node_name}: {e.status} {e.reason}; the agent must use "
-                                "this node's own kubelet credentials (system:node:<name>)", "NodeStatusForbidden") from None
-        raise
+    for attempt in range(CONFLICT_RETRIES):
+        try:
+            node = _call(api_client, "GET", path)
+            old = next((c for c in (node.get("status") or {}).get("conditions") or ()
+                        if c.get("type") == WARM_CONDITION), None)
+            tainted = bool(startup_taint) and any(t.get("key") == startup_taint
+                                                  for t in (node.get("spec") or {}).get("taints") or ())
+            now = _now()
+            cond = {"type": WARM_CONDITION, "status": want, "reason": reason, "message": message[:32768],
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == want else now}
+            written = {} if tainted else dict(labels or {})
+            meta = {k: dict(v) for k, v in (("annotations", annotations), ("labels", written)) if v}
+            meta["resourceVersion"] = node["metadata"]["resourceVersion"]
+            # One write, through the status subresource: the API server keeps metadata but resets spec there, so
+            # the identity needs no `patch nodes` and can never touch a taint; facts and condition land together.
+            # Strategic merge keys node conditions by type: the kubelet's Ready & co. are left alone.
+            node = _call(api_client, "PATCH", f"{path}/status", {"status": {"conditions": [cond]}, "metadata": meta},
+                         STRATEGIC)
+            break
+        except ApiException as e:
+            if e.status in (401, 403):
+                raise NodewarmError(f"cannot report Warm on node {node_name}: {e.status} {e.reason}; the agent must "
+                                    "use this node's own kubelet credentials (system:node:<name>)",
+                                    "NodeStatusForbidden") from None
+            if e.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                raise
+            log.info("warm.report_conflict", node=node_name, attempt=attempt + 1, why="the Node changed since it was read")
     log.info("warm.reported", node=node_name, status=want, reason=reason, annotations=sorted(annotations or {}),
-             labels=dict(labels or {}))
+             labels=written, labels_left_to_controller=sorted(set(labels or {}) - set(written)))
     return node
 
 

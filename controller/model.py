@@ -24,7 +24,9 @@ from datetime import datetime, timezone
 
 from nodewarm.nodeclasses.labels import (  # noqa: F401  (re-exported: the controller's modules import them here)
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, NODEPOOL_LABEL, PROFILE_LABEL, TIMELINE_ANNOTATION, WARM_CONDITION,
+    WARM_GENERATION_ANNOTATION,
 )
+from nodewarm.generation import GENERATION_LABEL  # noqa: F401
 
 STATE_ANNOTATION = "nodewarm.io/state"
 
@@ -32,6 +34,14 @@ LABEL_PROFILE = PROFILE_LABEL
 LABEL_MODEL = "nodewarm.io/model"
 LABEL_CACHE = "nodewarm.io/compile-cache"
 LABEL_WARM = "nodewarm.io/warm"
+# What the agent records as the generation it warmed (nodewarm.generation: 16 hex digits).
+_GENERATION = re.compile(r"^[0-9a-f]{16}$")
+
+
+def warm_generation(annotations: dict[str, str]) -> str | None:
+    """The generation a node warmed (its agent's annotation) when it is one; an odd value labels nothing."""
+    v = annotations.get(WARM_GENERATION_ANNOTATION, "")
+    return v if _GENERATION.match(v) else None
 
 
 def parse_time(s: str | None) -> float | None:

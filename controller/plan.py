@@ -3,7 +3,8 @@
 One small reconciler per phase, Karpenter-style, each returning one condition with reason and message:
 
   track     -> Tracked      (launched / registered / node found, from Karpenter's own conditions)
-  gate      -> Untainted    (the Node's nodewarm.io/Warm=True: remove the readiness taint, label the node)
+  gate      -> Untainted    (the Node's nodewarm.io/Warm=True: remove the readiness taint, label the node,
+                             the generation it warmed included, in one write)
   deadline  -> WarmDeadline (readiness.deadline passed without Warm: untaint cold, replace, or keep)
 
 Deadline plans carry ``deadline``: the shell re-reads the objects live and plans again before acting
@@ -23,8 +24,8 @@ from dataclasses import dataclass, replace
 from nodewarm.profile import WarmProfile
 
 from .model import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, LABEL_CACHE, LABEL_MODEL, LABEL_PROFILE, LABEL_WARM,
-    STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, LABEL_CACHE, LABEL_MODEL, LABEL_PROFILE, LABEL_WARM,
+    STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time, warm_generation,
 )
 
 # What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
@@ -237,6 +238,10 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
         state = record("Untainted", conds)
         labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: cache,
                   LABEL_WARM: "true"}
+        # The generation label the vLLM pods select on, in this same write (bootstrap/nodestatus.py says why).
+        gen = warm_generation(node.annotations)
+        if gen:
+            labels[GENERATION_LABEL] = gen
         ops = (identity_guard(node, False) + guarded_taint_removal(node, key) + _label_ops(node, labels)
                + _state_ops(node, state))
         why = node.annotations.get(CACHE_REASON_ANNOTATION, "")

@@ -17,3 +17,6 @@ WEIGHTS_ANNOTATION = "nodewarm.io/weights"
 LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"
 # The serving image pre-pull's outcome (bootstrap/imageprepull.py), recorded by the node agent on its own Node.
 IMAGE_ANNOTATION = "nodewarm.io/image-prepull"
+# The generation the agent warmed, recorded on a node still under the startup taint: the controller turns it
+# into the generation label in the write that lifts the taint (bootstrap/nodestatus.py says why).
+WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"

@@ -59,7 +59,10 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     assert (cond["status"], cond["reason"]) == ("True", "WeightsVerified")
     assert "compile will be cold" in cond["message"]
     got = node.get(NODES, NODE)["metadata"]
-    assert got["labels"][generation.GENERATION_LABEL] == generation.generation(p) == out["generation"]
+    # Still under the startup taint: the generation is recorded, and labelled by the controller as it lifts the
+    # taint (a label now would make the scheduler try the vLLM pods against the taint and back off).
+    assert got["annotations"]["nodewarm.io/warm-generation"] == generation.generation(p) == out["generation"]
+    assert generation.GENERATION_LABEL not in (got.get("labels") or {})
     assert got["annotations"]["nodewarm.io/compile-cache"] == "cold"
     # The agent keys with the serving image's software, never its own torch: none published yet -> RuntimeUnknown.
     assert got["annotations"]["nodewarm.io/compile-cache-reason"] == "RuntimeUnknown"
@@ -206,3 +209,16 @@ def test_warm_waits_for_the_serving_image_while_weights_and_cache_run_beside_it(
     assert tl["weights_done"] < tl["image_prepull_done"] <= tl["warm_reported"]
     assert out["image"]["status"] == "pulled" and out["image"]["image_id"].startswith("docker.io/vllm/vllm-openai@")
     assert warm_condition(node)["status"] == "True"
+
+
+def test_on_a_node_without_the_startup_taint_the_agent_labels_its_generation_itself(
+        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path, capsys):
+    """No taint to lift (someone lifted it, or the deadline did): no controller write will come, so the agent's."""
+    fresh_node(NODE, [])
+    doc = profile_doc("agent-nt", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=12)),
+                      **{"bootstrap.allowNonNvme": True})
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
+    assert run_agent(kube, tmp_path, "agent-nt") == 0
+    labels = k.get(NODES, NODE)["metadata"]["labels"]
+    assert labels[generation.GENERATION_LABEL] == generation.generation(profile.from_dict(doc))

@@ -103,6 +103,26 @@ def test_compile_cache_outcome_label_takes_only_known_values(reported, label):
     assert after["metadata"]["labels"]["nodewarm.io/compile-cache"] == label
 
 
+@pytest.mark.parametrize("recorded, label", [("4f2a9c1e0b7d3a65", "4f2a9c1e0b7d3a65"), ("not-a-generation", None),
+                                              (None, None)])
+def test_the_generation_the_agent_warmed_is_labelled_in_the_write_that_lifts_the_taint(recorded, label):
+    """One node event that makes the vLLM pods fit (label and taint together): no failed scheduling try, and no
+    back-off, between them. An odd annotation labels nothing."""
+    ann = {"nodewarm.io/warm-generation": recorded} if recorded else {}
+    node = node_obj(annotations=ann)
+    pl = plan(node)
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    assert after["metadata"]["labels"].get("nodewarm.io/generation") == label
+
+
+def test_a_node_not_warm_gets_no_generation_label_at_its_deadline():
+    node = node_obj(warm="False", annotations={"nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
+    pl = plan(node, now=T0 + 21 * 60)
+    assert pl.action == planner.UNTAINT
+    assert "nodewarm.io/generation" not in apply_json_patch(node, list(pl.node_ops))["metadata"]["labels"]
+
+
 def test_the_guard_refuses_a_changed_taint_list():
     node = node_obj()
     pl = plan(node)

@@ -55,3 +55,38 @@ def test_another_nodes_identity_is_refused(kube, node):
         report_warm(kube.api_client(kube.node_token("node-4")), NODE, True, "WeightsVerified", "x", {"a": "b"})
     assert e.value.reason == "NodeStatusForbidden"
     assert not any(c["type"] == WARM_CONDITION for c in node.get(NODES, NODE).get("status", {}).get("conditions") or ())
+
+
+GEN = {"nodewarm.io/generation": "4f2a9c1e0b7d3a65"}
+
+
+def test_the_generation_label_waits_for_the_taint_to_go(kube, node):
+    """Under the startup taint the label is left to the controller's untaint write; without it, written here."""
+    me = kube.api_client(kube.node_token(NODE))
+    report_warm(me, NODE, True, "WeightsVerified", "ok", {"nodewarm.io/warm-generation": GEN["nodewarm.io/generation"]},
+                GEN, startup_taint=TAINT["key"])
+    md = node.get(NODES, NODE)["metadata"]
+    assert "nodewarm.io/generation" not in md["labels"] and md["annotations"]["nodewarm.io/warm-generation"]
+    node.merge_patch(NODES, NODE, {"spec": {"taints": []}})
+    report_warm(me, NODE, True, "WeightsVerified", "ok", {}, GEN, startup_taint=TAINT["key"])
+    assert node.get(NODES, NODE)["metadata"]["labels"]["nodewarm.io/generation"] == GEN["nodewarm.io/generation"]
+
+
+def test_a_taint_lifted_between_read_and_write_is_seen_on_the_retry(kube, node, monkeypatch):
+    """The write is conditional on the Node it read: the controller lifting the taint in between makes it a
+    409, and the retry (re-read: no taint) writes the label, so a lifted node never stays without it."""
+    from nodewarm.bootstrap import nodestatus
+
+    real, lifted = nodestatus._call, []
+
+    def racing(api, method, path, body=None, content_type=None):
+        out = real(api, method, path, body, content_type)
+        if method == "GET" and not lifted:
+            node.merge_patch(NODES, NODE, {"spec": {"taints": []}})      # the controller, just after our read
+            lifted.append(True)
+        return out
+
+    monkeypatch.setattr(nodestatus, "_call", racing)
+    report_warm(kube.api_client(kube.node_token(NODE)), NODE, True, "WeightsVerified", "ok", {}, GEN,
+                startup_taint=TAINT["key"])
+    assert lifted and node.get(NODES, NODE)["metadata"]["labels"]["nodewarm.io/generation"] == GEN["nodewarm.io/generation"]
