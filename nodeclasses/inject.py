@@ -66,6 +66,14 @@ def check_live(p: WarmProfile, nodeclass: dict, pool: dict, lookup) -> None:
         raise Refused(f"NodePool {p.nodes.node_pool} allows any instance type; restrict it to NVMe types (a "
                       f"requirement {NVME_LABELS[0 if p.nodes.mode == 'karpenter' else 1]} Gt 0, or an "
                       f"{INSTANCE_TYPE_LABEL} In list)", "NoNVMe")
+    want = nodepool.GENERATION_REQUIREMENT
+    if not any(r.get("key") == want["key"] and r.get("operator") == want["operator"] for r in reqs):
+        # Not injected: requirements is one atomic list, and the user's tool (Helm, Argo CD) owns it.
+        raise Refused(f"NodePool {p.nodes.node_pool} has no requirement {{key: {want['key']}, operator: Exists}}: the "
+                      f"vLLM pods select {want['key']}, and Karpenter launches no node for a pod whose label the pool "
+                      "does not define (\"incompatible requirements ... does not have known values\"); add it to "
+                      "spec.template.spec.requirements (outside Karpenter's drift hash: no node is replaced)",
+                      "NoGenerationRequirement")
 
 
 def desired_nodeclass_fields(p: WarmProfile, current: dict, types: dict[str, InstanceType]) -> dict:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from nodewarm.generation import GENERATION_LABEL
 from nodewarm.profile import WarmProfile
 
 from .labels import GPU_TAINT, MANAGED_BY, PROFILE_LABEL
+
+# The vLLM pods select nodewarm.io/generation. Karpenter launches nodes only for pods whose labels the NodePool
+# can satisfy: a key it does not define is "incompatible requirements, label ... does not have known values",
+# and a pending vLLM pod would never start a scale-up. With Exists the pool allows any generation; the
+# NodeClaim takes the pod's value and the node registers with it, under the startup taint until it is warm.
+# Requirements are outside Karpenter's drift hash, so adding this replaces no node.
+GENERATION_REQUIREMENT = {"key": GENERATION_LABEL, "operator": "Exists"}
 
 
 def startup_taint(p: WarmProfile) -> dict:
@@ -24,7 +32,8 @@ def merged_startup_taints(p: WarmProfile, existing: list[dict] | None) -> list[d
 
 
 def requirements(p: WarmProfile) -> list[dict]:
-    reqs = [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(p.nodes.instance_types)}]
+    reqs = [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(p.nodes.instance_types)},
+            dict(GENERATION_REQUIREMENT)]
     if p.nodes.mode == "karpenter":
         # Label = TotalSizeInGB, set only on NVMe types; Gt 0 keeps a non-NVMe type out even if listed by mistake.
         reqs.append({"key": "karpenter.k8s.aws/instance-local-nvme", "operator": "Gt", "values": ["0"]})

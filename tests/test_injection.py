@@ -191,8 +191,13 @@ def test_a_second_profile_on_a_bound_pool_or_class_is_refused(admin, k):
     (lambda nc, np: np["spec"]["template"]["spec"]["nodeClassRef"].update(name="someone-elses"), "NodeClassMismatch"),
     (lambda nc, np: nc["spec"].update(amiSelectorTerms=[{"alias": "al2@latest"}], amiFamily="AL2"), "UnsupportedAMIFamily"),
     (lambda nc, np: np["spec"]["template"]["spec"].update(requirements=[
-        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "p4d.24xlarge"]}]),
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "p4d.24xlarge"]},
+        {"key": "nodewarm.io/generation", "operator": "Exists"}]),
      None),
+    # Without it Karpenter would launch no node for the vLLM pods (they select nodewarm.io/generation).
+    (lambda nc, np: np["spec"]["template"]["spec"].update(requirements=[
+        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "p4d.24xlarge"]}]),
+     "NoGenerationRequirement"),
     (lambda nc, np: np["spec"]["template"]["spec"].update(requirements=[
         {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "m5.large"]}]),
      "NoNVMe"),

@@ -66,6 +66,25 @@ def test_karpenter_mode_nodeclass_and_nodepool():
     assert pool["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu-p5"}
 
 
+# Labels Karpenter knows without a NodePool defining them (kubernetes-sigs/karpenter pkg/apis/v1/labels.go): a
+# pod may select these; any other key must be in the pool's requirements or template labels.
+KARPENTER_KNOWN = {"karpenter.sh/nodepool", "karpenter.sh/capacity-type", "kubernetes.io/arch", "kubernetes.io/os",
+                   "node.kubernetes.io/instance-type", "topology.kubernetes.io/zone", "topology.kubernetes.io/region"}
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_karpenter_can_launch_a_node_for_the_vllm_pods(name):
+    """Karpenter provisions only for pods whose node labels the NodePool can produce ("incompatible
+    requirements, label ... does not have known values" otherwise): every key the vLLM pod selects is a
+    requirement or a template label of the pool, and the generation, which changes, is Exists."""
+    docs = rendered(launcher(name))
+    pool = by_kind(docs, "NodePool")["spec"]["template"]
+    defined = {r["key"] for r in pool["spec"]["requirements"]} | set((pool.get("metadata") or {}).get("labels") or {})
+    selected = set(by_kind(docs, "Deployment")["spec"]["template"]["spec"]["nodeSelector"])
+    assert selected - defined - KARPENTER_KNOWN == set()
+    assert {"key": "nodewarm.io/generation", "operator": "Exists"} in pool["spec"]["requirements"]
+
+
 @pytest.mark.parametrize("tp, distributed", [(1, False), (2, True), (8, True)])
 def test_vllm_loader_config(tp, distributed):
     c = container(rendered(v(spec__serving__tensorParallelSize=tp)))
