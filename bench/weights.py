@@ -1,6 +1,6 @@
 """Benchmark: nodewarm's verified weight pull against peer S3 clients and raw HTTP, on one local S3 server.
 
-    .venv/bin/python bench/weights.py [--shapes 4x256,1x1024,64x16] [--engine seaweedfs] [--out PATH]
+    .venv/bin/python bench/weights.py [--shapes 4x256,1x1024,64x16] [--engine seaweedfs] [--workdir DIR] [--out PATH]
 
 For each shape (FILES x MiB "safetensors" + small JSON) the model is put into a local S3 server, then,
 in one run, each client downloads the same bytes into a fresh directory: MB/s, CPU-seconds per GB
@@ -190,7 +190,7 @@ def measure(name: str, runner, work: Path, total: int) -> dict:
 def bench_shape(args, files: int, file_mib: int) -> dict:
     from nodewarm.testenv import s3server
 
-    work = Path(tempfile.mkdtemp(prefix="nodewarm-bench-"))
+    work = Path(tempfile.mkdtemp(prefix="nodewarm-bench-", dir=args.workdir))
     results: dict = {"files": files, "file_mib": file_mib, "engine": args.engine, "clients": {}}
     if args.engine == "rclone":
         objects = lay_model(work / "data", files, file_mib)
@@ -277,6 +277,10 @@ def main() -> int:
                     help="comma-separated FILESxMiB model shapes (default: 4x256,1x1024,64x16)")
     ap.add_argument("--engine", default="seaweedfs", choices=["seaweedfs", "rclone"])
     ap.add_argument("--clients", default="nodewarm,boto3-default,boto3-tuned,crt,aws-cli,curl")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where the server's data and every client's copy go (default: the temp dir). This VM's "
+                         "disk, not the network, limits a durable pull here; /dev/shm stands in for a GPU node's "
+                         "NVMe RAID0, whose writes are several GB/s")
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds per client; the median is reported")
     ap.add_argument("--out", type=Path, default=None, help="JSON results (default bench/results/weights-<ts>.json)")
     args = ap.parse_args()
@@ -288,7 +292,8 @@ def main() -> int:
     for shape in args.shapes.split(","):
         files, _, mib = shape.partition("x")
         shapes.append((int(files), int(mib)))
-    doc = {"engine": args.engine, "repeat": args.repeat, "cpus": os.cpu_count(), "shapes": {}}
+    doc = {"engine": args.engine, "repeat": args.repeat, "cpus": os.cpu_count(),
+           "workdir": str(args.workdir or tempfile.gettempdir()), "shapes": {}}
     for files, mib in shapes:
         doc["shapes"][f"{files}x{mib}MiB"] = bench_shape(args, files, mib)
     print(f"\n{'shape':12s} {'client':14s} {'MB/s':>8s} {'durable':>8s} {'CPU-s/GB':>9s}")

@@ -30,3 +30,8 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     assert result.summary["totals"]["all_bound"]
     assert (tmp_path / "out" / "timeline.json").exists() and (tmp_path / "out" / "timeline.png").exists()
     assert "Ordering: OK" in text and "No-warm baseline" in text
+    # The baseline went through the same scheduler: its pods were bound by it, after their nodes registered.
+    base = result.summary["baseline"]
+    assert base["scheduler_wait_s"] > 0 and base["registered_to_serving_s"] > base["scheduler_wait_s"]
+    assert f"registration to first compiled call: {base['ratio']:.2f}" in text
+    assert "nodewarm_scheduler_wait_s" in base and "ratio_without_scheduler_waits" in base
