@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import re
 import threading
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from nodewarm import logs
 from nodewarm.nodeclasses import prepull
 
-from .profilesource import _request
+from .profilesource import _request, watch_events
 
 log = logs.get("bootstrap.imageprepull")
 
@@ -202,20 +201,8 @@ def _watch(api_client, namespace: str, query: list, resource_version: str, windo
     """Events (type, object) from ``resource_version`` until the server ends the watch after ``window_s``."""
     q = query + [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(window_s))]
-    resp = _request(api_client, "GET", _pods_path(namespace), q, timeout=(5, window_s + 10), stream=True)
-    try:
-        buf = b""
-        for chunk in resp.stream(64 * 1024):
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if line.strip():
-                    ev = json.loads(line)
-                    yield ev.get("type", ""), ev.get("object") or {}
-    finally:
-        # Closed, not returned to the pool: left early, the stream still has a watch on it.
-        resp.close()
-        resp.release_conn()
+    yield from watch_events(_request(api_client, "GET", _pods_path(namespace), q, timeout=(5, window_s + 10),
+                                     stream=True))
 
 
 class _Gone(Exception):

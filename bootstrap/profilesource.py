@@ -91,6 +91,23 @@ def _request(api_client, method: str, path: str, query: list | None = None, time
     return resp.response if stream else json.loads(resp.read() or b"{}")
 
 
+def watch_events(resp):
+    """(type, object) for each line of a streaming watch response. The response is closed, not returned to
+    the pool, when the caller leaves early: the stream would still carry the watch."""
+    try:
+        buf = b""
+        for chunk in resp.stream(64 * 1024):
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    ev = json.loads(line)
+                    yield ev.get("type", ""), ev.get("object") or {}
+    finally:
+        resp.close()
+        resp.release_conn()
+
+
 def _forbidden(e, what: str) -> NodewarmError:
     return NodewarmError(f"cannot {what}: {e.status} {e.reason}; render the agent's RBAC (`nodewarm render`: "
                          "ClusterRole nodewarm-agent, get/watch on warmprofiles) for this identity",
@@ -129,17 +146,7 @@ def watch_profile(api_client, name: str, resource_version: str, timeout_s: int):
         if e.status in (401, 403):
             raise _forbidden(e, f"watch WarmProfile {name}") from None
         raise
-    try:
-        buf = b""
-        for chunk in resp.stream(64 * 1024):
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if line.strip():
-                    ev = json.loads(line)
-                    yield ev.get("type", ""), ev.get("object") or {}
-    finally:
-        resp.release_conn()
+    yield from watch_events(resp)
 
 
 def pods_on_node(api_client, node_name: str, profile: str) -> list[dict]:

@@ -92,17 +92,22 @@ def loop_volume(work: Path, size_mib: int, fstype: str = "ext4") -> Iterator[Pat
         image.unlink(missing_ok=True)
 
 
-@pytest.fixture
-def proxy(s3, monkeypatch):
-    """A fault proxy in front of the rclone server, with the AWS environment pointing at it."""
+def proxied(server, monkeypatch):
+    """For fixtures: a fault proxy in front of ``server``, with the AWS environment pointing at it."""
     from faultproxy import FaultProxy
 
-    p = FaultProxy(s3.endpoint)
-    for k, v in s3.env().items():
+    p = FaultProxy(server.endpoint)
+    for k, v in server.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
     yield p
     p.stop()
+
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    """A fault proxy in front of the rclone server, with the AWS environment pointing at it."""
+    yield from proxied(s3, monkeypatch)
 
 
 def warm(uri: str, dest: Path, load_check: bool = False, **pull):

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from bootstrap_fixtures import KiB, loop_volume, model_files, new_bucket, proxy, put_model, visible_files, warm  # noqa: F401
+from bootstrap_fixtures import (  # noqa: F401
+    KiB, loop_volume, model_files, new_bucket, proxied, proxy, put_model, visible_files, warm,
+)
 from faultproxy import Reply
 from nodewarm.bootstrap import s3client
 from nodewarm.bootstrap.weights import listing, s3pull
@@ -175,14 +177,7 @@ MiB = 1024 * KiB
 @pytest.fixture
 def exact_proxy(s3_exact, monkeypatch):
     """A fault proxy in front of SeaweedFS (AWS-exact multipart ETags and composite checksums)."""
-    from faultproxy import FaultProxy
-
-    p = FaultProxy(s3_exact.endpoint)
-    for k, v in s3_exact.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
-    yield p
-    p.stop()
+    yield from proxied(s3_exact, monkeypatch)
 
 
 def _multipart(client, bucket: str, key: str, data: bytes, part: int, algo: str | None) -> None:
