@@ -237,6 +237,19 @@ def image_waiter(cfg: AgentConfig, api_client):
                                        profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
 
 
+def report(api_client, cfg: AgentConfig, result: AgentResult, extra: dict[str, str] | None = None) -> None:
+    """``result`` on this node: the Warm condition, the facts, and when warm the generation it holds (a label
+    only once the startup taint is gone; the controller writes it as it lifts the taint, nodestatus says why)."""
+    from .nodestatus import report_warm
+
+    labels, annotations = None, {**result.annotations(), **(extra or {})}
+    if result.warm and cfg.generation:
+        labels = {GENERATION_LABEL: cfg.generation}
+        annotations[WARM_GENERATION_ANNOTATION] = cfg.generation
+    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, annotations, labels,
+                startup_taint=cfg.readiness_taint or None)
+
+
 def run(cfg: AgentConfig, api_client) -> AgentResult:
     """warm(), then report it on this node with the node's own identity."""
     from .nodestatus import report_warm
@@ -255,11 +268,6 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
     result.timeline["warm_reported"] = _stamp()
     if cfg.state_dir:
         _write_result(cfg.state_dir, result)
-    labels, annotations = None, result.annotations()
-    if result.warm and cfg.generation:
-        labels = {GENERATION_LABEL: cfg.generation}
-        annotations[WARM_GENERATION_ANNOTATION] = cfg.generation
-    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, annotations, labels,
-                startup_taint=cfg.readiness_taint or None)
+    report(api_client, cfg, result)
     log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))
     return result

@@ -26,7 +26,6 @@ from pathlib import Path
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
-from nodewarm.nodeclasses.labels import WARM_GENERATION_ANNOTATION
 
 from . import agent, profilesource
 from .nodestatus import report_warm
@@ -161,9 +160,10 @@ class Follower:
         """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
         cfg = agent_config(r, self.opt, self._node_labels())
         log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
-        result = agent.warm(cfg, agent.image_waiter(cfg, self.api))
+        image_wait = agent.image_waiter(cfg, self.api)
+        result = agent.warm(cfg, image_wait)
         if not result.warm and result.reason == "InsufficientNVMe" and self._free_older(r):
-            result = agent.warm(cfg, agent.image_waiter(cfg, self.api))
+            result = agent.warm(cfg, image_wait)
         self.last = result
         if not result.warm:
             self._failed_at = time.monotonic()
@@ -173,10 +173,7 @@ class Follower:
                         f"{result.reason}: {result.message}",
                         {REWARM_ANNOTATION: f"{r.generation} {result.reason}"})
             return False
-        report_warm(self.api, self.opt.node_name, True, result.reason, result.message,
-                    {**result.annotations(), REWARM_ANNOTATION: f"{r.generation} done",
-                     WARM_GENERATION_ANNOTATION: r.generation},
-                    {GENERATION_LABEL: r.generation}, startup_taint=cfg.readiness_taint)
+        agent.report(self.api, cfg, result, {REWARM_ANNOTATION: f"{r.generation} done"})
         log.info("rewarm.done", generation=r.generation, previous=self.held.generation)
         self.held, self._failed_at = r, None
         self.collect_garbage()
