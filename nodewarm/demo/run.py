@@ -166,6 +166,15 @@ def stand_in_deployment(p: profile.WarmProfile) -> dict:
     return d
 
 
+def register(sim, claim: str, node: str) -> float:
+    """Karpenter and the kubelet bring a launched NodeClaim's node up: registered, Ready, Registered=True.
+    Returns when (the same steps for nodewarm's nodes and the baseline's)."""
+    sim.register_node(claim, node)
+    sim.kubelet_ready(node)
+    sim.mark_registered(claim)
+    return time.time()
+
+
 def baseline_objects(p: profile.WarmProfile, nodepool: dict) -> list[dict]:
     """The no-warm world beside nodewarm's: the same NodePool and vLLM stand-in without nodewarm (no startup
     taint, no generation selector, nothing a WarmProfile names)."""
@@ -213,10 +222,7 @@ def baseline_scheduling_s(admin, sim, p: profile.WarmProfile, nodepool: dict, no
         sim.launch(c)
         claims.append((c, f"{BASELINE_POOL}-node-{i}"))
     for c, n in claims:
-        sim.register_node(c, n)
-        sim.kubelet_ready(n)
-        sim.mark_registered(c)
-        registered[n] = time.time()
+        registered[n] = register(sim, c, n)
     bound: dict[str, float] = {}
     while time.time() < end and len(bound) < nodes:
         for x in pods():
@@ -414,10 +420,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         sim.launch(claims[n])
         timelines[n].mark("launched", time.time())
     for n in names:
-        sim.register_node(claims[n], n)
-        sim.kubelet_ready(n)
-        sim.mark_registered(claims[n])
-        timelines[n].mark("registered", time.time())
+        timelines[n].mark("registered", register(sim, claims[n], n))
         mounts[n].mkdir(parents=True, exist_ok=True)
         # No container runtime here: the serving image's pre-pull pod is "pulled" at once by the stand-in
         # kubelet; on a real node that pull overlaps the weights and the compile-cache restore.
