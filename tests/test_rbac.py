@@ -81,8 +81,11 @@ def test_controller_runs_as_its_service_account_and_is_refused_everything_else(k
         wait_for(lambda: (ak.get(WARMPROFILES, inst.name).get("status") or {}).get("conditions"),
                  what="WarmProfile status written")
         n = sim.scale_up(inst.pool)
-        report_warm(admin, n.node, True, "WeightsVerified", "ok", {"nodewarm.io/compile-cache": "hit"})
+        report_warm(admin, n.node, True, "WeightsVerified", "ok", {"nodewarm.io/compile-cache": "hit",
+                                                                    "nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
         wait_for(lambda: TAINT not in taint_keys(ak, n.node), what="taint removed by the ServiceAccount")
+        # ... and, in the same write, the generation label the vLLM pods select on.
+        assert ak.get(NODES, n.node)["metadata"]["labels"]["nodewarm.io/generation"] == "4f2a9c1e0b7d3a65"
         wait_for(lambda: events_for(ak, "Node", n.node), what="event created by the ServiceAccount")
         assert c.metrics.reconcile_errors.labels("claim")._value.get() == 0
 
