@@ -119,7 +119,8 @@ def main() -> int:
         server = s3server.start(args.engine, work / "s3")
         try:
             server.create_bucket("bench-cc")
-            store = CacheStore(parse_uri("s3://bench-cc/compile-cache"), client=server.client())
+            os.environ.update(server.env())  # the stores make their S3 clients as a node does, from the environment
+            store = CacheStore(parse_uri("s3://bench-cc/compile-cache"))
             pair = signing.generate(work / "signing.pem")
             probe, hw = cachekey.probe_runtime(), hardware.probe(env=os.environ)
             factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("bench/compile_cache.py",
@@ -136,7 +137,7 @@ def main() -> int:
                 sys.exit(f"publish failed: {pub.message}")
 
             node_b = work / "nodeB" / "elsewhere"
-            rest = restore.restore(CacheStore(store.uri, client=server.client()), factors, node_roots(node_b),
+            rest = restore.restore(CacheStore(store.uri), factors, node_roots(node_b),
                                    signing.load_public(pair.public))
             if rest.status != "restored":
                 sys.exit(f"restore failed: {rest.reason}: {rest.message}")

@@ -161,10 +161,15 @@ def _data_loader():
     return botocore.session.get_session().get_component("data_loader")
 
 
-def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float):
+def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float,
+                response_checksums: bool = True):
     """A plain S3 client from the standard AWS environment; one per pull, shared by its threads.
 
-    Its own session, so credentials, region and endpoint are read from the environment as it is now."""
+    Its own session, so credentials, region and endpoint are read from the environment as it is now.
+    ``response_checksums=False`` is for callers that verify every byte they GET themselves: botocore
+    (1.36 on, boto/boto3#4754) wraps a 5xx GET's body for checksum validation when the error carries
+    an x-amz-checksum header, then its error parser fails on the wrapper with AttributeError, so a
+    transient server error becomes a fatal one instead of a retry."""
     config = Config(
         max_pool_connections=pool_size,
         connect_timeout=connect_timeout_s,
@@ -174,6 +179,7 @@ def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float)
         tcp_keepalive=True,
         # The pull's ranged GETs are presigned (weights/rangeget.py): SigV4, as every region requires.
         signature_version="s3v4",
+        response_checksum_validation="when_supported" if response_checksums else "when_required",
     )
     session = botocore.session.get_session()
     session.register_component("data_loader", _data_loader())

@@ -92,13 +92,27 @@ def loop_volume(work: Path, size_mib: int, fstype: str = "ext4") -> Iterator[Pat
         image.unlink(missing_ok=True)
 
 
+def point_aws_env(server, monkeypatch) -> None:
+    """The standard AWS environment pointed at ``server``, for the test's duration."""
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+
+
+def cache_store(server, monkeypatch, uri: str):
+    """A compile-cache store as the agent and the publisher make it: its own S3 client from the AWS
+    environment (here pointed at ``server``), so the tests run with the client settings a node has."""
+    from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
+
+    point_aws_env(server, monkeypatch)
+    return CacheStore(parse_uri(uri))
+
+
 def proxied(server, monkeypatch):
     """For fixtures: a fault proxy in front of ``server``, with the AWS environment pointing at it."""
     from faultproxy import FaultProxy
 
     p = FaultProxy(server.endpoint)
-    for k, v in server.env().items():
-        monkeypatch.setenv(k, v)
+    point_aws_env(server, monkeypatch)
     monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
     yield p
     p.stop()

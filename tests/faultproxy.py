@@ -4,7 +4,7 @@ Point AWS_ENDPOINT_URL at ``proxy.endpoint``. Each request is parsed (method, pa
 recorded, and handed to ``proxy.rule(request) -> Action | None``; None forwards it untouched. SigV4 still
 verifies: the server checks the signature against the Host header the client signed (the proxy's).
 
-Actions: ``Reply(status, code)`` answers with an S3 error without asking the server; ``Reset(after)``,
+Actions: ``Reply(status, code, headers)`` answers with an S3 error without asking the server; ``Reset(after)``,
 ``Truncate(after)`` and ``Stall(after, seconds)`` forward the request and then, ``after`` bytes into the
 response body, send a TCP RST, close cleanly, or go silent. ``Trickle(rate)`` relays at a crawl and
 ``Corrupt(at)`` flips one body byte.
@@ -43,6 +43,7 @@ class Reply:
     status: int
     code: str
     message: str = "injected by faultproxy"
+    headers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -162,8 +163,10 @@ class FaultProxy:
                 if isinstance(action, Reply):
                     xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{action.code}</Code>'
                            f"<Message>{action.message}</Message></Error>").encode()
+                    extra = "".join(f"{k}: {v}\r\n" for k, v in action.headers.items())
                     conn.sendall(f"HTTP/1.1 {action.status} {_REASONS.get(action.status, 'Error')}\r\n"
-                                 f"Content-Type: application/xml\r\nContent-Length: {len(xml)}\r\n\r\n".encode() + xml)
+                                 f"Content-Type: application/xml\r\nContent-Length: {len(xml)}\r\n{extra}\r\n"
+                                 .encode() + xml)
                     continue
                 if isinstance(action, Hook):
                     action.fn(req)

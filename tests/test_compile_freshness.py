@@ -21,6 +21,7 @@ from nodewarm import profile
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, servedcheck, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+from bootstrap_fixtures import cache_store
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri, stale_key
 from nodewarm.errors import ProfileError
 from nodewarm.nodeclasses.labels import CACHE_ANNOTATION
@@ -62,10 +63,10 @@ def server(request):
 
 
 @pytest.fixture
-def store(server):
+def store(server, monkeypatch):
     bucket = "fr-" + uuid.uuid4().hex[:12]
     server.create_bucket(bucket)
-    return CacheStore(parse_uri(f"s3://{bucket}/cc"), client=server.client())
+    return cache_store(server, monkeypatch, f"s3://{bucket}/cc")
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +230,7 @@ def test_racing_replacements_leave_exactly_one_current_bundle(store, server, key
         barrier.wait()
         # The claim protocol's listing-lag allowance at its production default: the suite runs on two loaded
         # cores, where a 2 s allowance is not always longer than a stalled thread's listing lag.
-        results[i] = publish.publish_once(CacheStore(store.uri, client=server.client()), nodes[i], FACTORS_A, priv,
+        results[i] = publish.publish_once(CacheStore(store.uri), nodes[i], FACTORS_A, priv,
                                           {"node": f"n{i}"}, dataclasses.replace(FAST, settle_s=5.0))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]

@@ -20,6 +20,7 @@ import pytest
 
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+from bootstrap_fixtures import cache_store
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
 MODEL = Path(__file__).resolve().parent.parent / "testenv" / "compile_probe.py"
@@ -127,11 +128,11 @@ def real_factors():
 
 
 @pytest.fixture
-def published(compiled, real_factors, s3, tmp_path):
+def published(compiled, real_factors, s3, monkeypatch, tmp_path):
     """Node A publishes its real cache to the rclone server; returns (store, verify key)."""
     bucket = "hit-" + uuid.uuid4().hex[:10]
     s3.create_bucket(bucket)
-    store = CacheStore(parse_uri(f"s3://{bucket}/cc"), client=s3.client())
+    store = cache_store(s3, monkeypatch, f"s3://{bucket}/cc")
     pair = signing.generate(tmp_path / "k.pem")
     res = publish.publish_once(store, node_roots(compiled[0]), real_factors, signing.load_private(pair.private_path),
                                {"node": "A"}, publish.PublishSettings(settle_s=1.5))

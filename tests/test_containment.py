@@ -112,7 +112,7 @@ def _publish(s3, tmp_path: Path, cfg: AgentConfig, payload: int) -> None:
     (src["vllm"] / "torch_aot_compile/ab12/rank_0_0/model").write_bytes(b"aot")
     (src["inductor"] / "fxgraph/cd").mkdir(parents=True)
     (src["inductor"] / "fxgraph/cd/entry").write_bytes(os.urandom(payload))
-    store = CacheStore(parse_uri(cfg.compile_cache_uri), client=s3.client())
+    store = CacheStore(parse_uri(cfg.compile_cache_uri))  # the AWS environment points at s3 (aws_env)
     priv = signing.load_private(tmp_path / "signing.pem")
     # Published from this same node: its hardware, as the restore below probes it.
     factors = cachekey.build_factors(PROBE, hardware.probe(Path("/"), {}, ENV), cfg.serving_spec(), ENV)
@@ -174,7 +174,7 @@ def test_a_full_disk_while_downloading_a_bundle_is_not_an_s3_error(aws_env, tmp_
     with loop_volume(tmp_path, 8) as vol:
         bucket = "cc-" + uuid.uuid4().hex[:12]
         aws_env.create_bucket(bucket)
-        store = CacheStore(parse_uri(f"s3://{bucket}/cc"), client=aws_env.client())
+        store = CacheStore(parse_uri(f"s3://{bucket}/cc"))
         store.put("cc/big", os.urandom(12 * MiB))
         with pytest.raises(NodewarmError) as e:
             store.download("cc/big", vol / "big", 16 * MiB)

@@ -17,10 +17,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import zstandard
 
+from bootstrap_fixtures import cache_store, proxied
+from faultproxy import Reply, first_n
 from nodewarm import cli
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
@@ -70,10 +73,10 @@ def server(request):
 
 
 @pytest.fixture
-def store(server):
+def store(server, monkeypatch):
     bucket = "cc-" + uuid.uuid4().hex[:12]
     server.create_bucket(bucket)
-    return CacheStore(parse_uri(f"s3://{bucket}/compile-cache"), client=server.client())
+    return cache_store(server, monkeypatch, f"s3://{bucket}/compile-cache")
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,7 @@ def keys(tmp_path_factory):
 
 def _other_store(store: CacheStore) -> CacheStore:
     """A second node's view of the same bucket: its own client, nothing cached."""
-    return CacheStore(store.uri, client=store.client)
+    return CacheStore(store.uri)
 
 
 def test_conditional_write_support_is_detected(store, server):
@@ -152,10 +155,30 @@ def _publish(store, keys, tmp_path) -> publish.PublishResult:
 
 
 @pytest.fixture
-def rclone_store(s3):
+def rclone_store(s3, monkeypatch):
     bucket = "cc-" + uuid.uuid4().hex[:12]
     s3.create_bucket(bucket)
-    return CacheStore(parse_uri(f"s3://{bucket}/cc"), client=s3.client())
+    return cache_store(s3, monkeypatch, f"s3://{bucket}/cc")
+
+
+def test_a_server_error_carrying_a_checksum_header_is_retried_not_fatal(rclone_store, s3, keys, tmp_path,
+                                                                          monkeypatch):
+    """botocore >= 1.36 (boto/boto3#4754) fails with AttributeError, which we must treat as fatal, when a
+    5xx GET carries an x-amz-checksum header and the client validates response checksums; rclone sends
+    one when a GET races a PUT of the same key. The store's own client must see a plain 5xx and retry."""
+    res = _publish(rclone_store, keys, tmp_path)
+    proxy = next(proxy_gen := proxied(s3, monkeypatch))
+    try:
+        proxy.rule = first_n(1, Reply(500, "InternalError", headers={"x-amz-checksum-crc32": "AAAAAA=="}),
+                             lambda r: r.method == "GET" and r.path.endswith(".json"))
+        b = _node(tmp_path, "b", compiled=False)
+        out = restore.restore(CacheStore(rclone_store.uri), FACTORS, b, keys[1])
+        assert (out.status, out.reason) == ("restored", "Restored"), out.message
+        envelope = f"/{rclone_store.uri.bucket}/{res.envelope_key}"
+        assert [unquote(r.path) for r in proxy.requests if r.method == "GET" and r.path.endswith(".json")] == \
+            [envelope, envelope]  # refused once, then read
+    finally:
+        next(proxy_gen, None)
 
 
 def test_claim_protocol_yields_to_an_older_live_claim_but_not_to_a_stale_one(rclone_store, keys, tmp_path):

@@ -72,7 +72,10 @@ class CacheStore:
 
     def __post_init__(self) -> None:
         if self.client is None:
-            self.client = make_client(pool_size=4, connect_timeout_s=5, read_timeout_s=60)
+            # Every byte this store GETs is checked against a signature, the signed sha256 (restore.py)
+            # or the bytes we wrote (publish.py), so botocore's response checksums add nothing here and
+            # bring its 5xx bug (s3client.make_client).
+            self.client = make_client(pool_size=4, connect_timeout_s=5, read_timeout_s=60, response_checksums=False)
 
     @property
     def root(self) -> str:
