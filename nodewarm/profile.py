@@ -41,6 +41,23 @@ class Serving:
     s3_request_timeout_ms: int
     s3_low_speed_limit: int
     extra_args: tuple[str, ...]
+    allow_eager: bool = False
+    cpu_request: str | None = None      # None: sized from the GPUs (nodeclasses/vllm.py)
+    memory_request: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    gpus: int | None               # None: sized from the replicas (nodeclasses/nodepool.py)
+    cpu: str | None
+    memory: str | None
+
+
+@dataclass(frozen=True)
+class Disruption:
+    consolidation_policy: str      # WhenEmpty | WhenEmptyOrUnderutilized
+    consolidate_after: str         # Karpenter duration or Never
+    budgets: tuple[dict, ...]      # as Karpenter spells them; empty: nodewarm's default
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,10 @@ class Nodes:
     user_data: str | None
     ephemeral_storage_size: str | None
     region: str | None
+    capacity_types: tuple[str, ...] = ()
+    capacity_reservation_ids: tuple[str, ...] = ()
+    limits: NodeLimits = NodeLimits(None, None, None)
+    disruption: Disruption = Disruption("WhenEmpty", "10m", ())
 
     @property
     def cache_mount(self) -> str:
@@ -287,6 +308,9 @@ def from_dict(doc: dict) -> WarmProfile:
             s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", 3000),
             s3_low_speed_limit=sv.get("s3LowSpeedLimit", 1048576),
             extra_args=tuple(sv.get("extraArgs", ())),
+            allow_eager=sv.get("allowEager", False),
+            cpu_request=sv.get("resources", {}).get("cpu"),
+            memory_request=sv.get("resources", {}).get("memory"),
         ),
         nodes=Nodes(
             mode=n["mode"],
@@ -300,6 +324,14 @@ def from_dict(doc: dict) -> WarmProfile:
             user_data=n.get("userData"),
             ephemeral_storage_size=n.get("ephemeralStorageSize"),
             region=n.get("region"),
+            capacity_types=tuple(n.get("capacityTypes", ())),
+            capacity_reservation_ids=tuple(n.get("capacityReservationIds", ())),
+            limits=NodeLimits(gpus=n.get("limits", {}).get("gpus"), cpu=n.get("limits", {}).get("cpu"),
+                              memory=n.get("limits", {}).get("memory")),
+            disruption=Disruption(
+                consolidation_policy=n.get("disruption", {}).get("consolidationPolicy", "WhenEmpty"),
+                consolidate_after=n.get("disruption", {}).get("consolidateAfter", "10m"),
+                budgets=tuple(n.get("disruption", {}).get("budgets", ()))),
         ),
         compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey"), publisher=(
             Publisher(cc["publisher"]["image"], cc["publisher"]["signingKeySecret"],
