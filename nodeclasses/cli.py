@@ -35,9 +35,14 @@ When spec.model.sizeGB is omitted, --measure lists the S3 prefix (standard AWS e
 Exit codes: 0 ok; 2 invalid profile (the message names the field, the bad value and the fix);
 1 other failures (S3/EC2 unreachable, CRD check failed).
 
+First install, in one command: the CRD first, then (once the API server serves the kind) the profile:
+  nodewarm render --crd | kubectl apply --server-side -f - \\
+    && kubectl wait --for=condition=Established crd/warmprofiles.nodewarm.io --timeout=60s \\
+    && nodewarm render -f profile.yaml --with-controller IMAGE | kubectl apply --server-side -f -
+(one apply of both fails: kubectl looks up every document's kind before it creates the CRD).
+
 Example:
   nodewarm render -f examples/qwen3-karpenter.yaml | kubectl apply --server-side -f -
-  nodewarm render -f profile.yaml --with-controller registry.example/nodewarm:0.1.0 | kubectl apply --server-side -f -
   nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
 """
 
@@ -65,18 +70,34 @@ def load_checked(path: str, source: str = "offline", measure: bool = False) -> t
     return p, types
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """No anchors and aliases: documents that share a dict (a label map used twice) would otherwise print as
+    &id001 / *id001, which kubectl reads but tools that diff or patch manifests (and people) do not."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
 def dump_all(docs: list[dict]) -> str:
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.crd:
+        from nodewarm.schema import crd
+
+        sys.stdout.write(dump_all([crd()]))
+        return 0
+    if not args.file:
+        raise ProfileError("-f/--file", None, "name the WarmProfile to render (or pass --crd for the CRD alone)")
     p, types = load_checked(args.file, args.instance_source, args.measure)
     out = render(p, types)
     if args.with_controller:
         from nodewarm.controller import manifests
-        from nodewarm.schema import crd
 
-        out.documents[:0] = [crd(), *manifests.render(args.with_controller)]
+        # Not the CRD: kubectl maps every document of one apply before it creates any, so a WarmProfile in the
+        # same stream as its CRD fails on a first install ("no matches for kind"). `render --crd` goes first.
+        out.documents[:0] = manifests.render(args.with_controller)
     if args.crds:
         crd_files = sorted(Path(args.crds).glob("*.yaml"))
         report = crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files))
@@ -114,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     r = sub.add_parser("render", help="render NodeClass, NodePool, vLLM Deployment (+IAM policy) from a WarmProfile",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("-f", "--file", required=True, help="WarmProfile YAML ('-' for stdin)")
+    r.add_argument("-f", "--file", help="WarmProfile YAML ('-' for stdin); required unless --crd")
+    r.add_argument("--crd", action="store_true",
+                   help="print only the WarmProfile CRD, to apply (and wait for) before any profile: see HELP")
     r.add_argument("-o", "--output-dir", help="write one file per object plus the IAM policies here")
     r.add_argument("--iam", action="store_true", help="print only the IAM policies, per principal (JSON)")
     r.add_argument("--instance-source", choices=["offline", "ec2"], default="offline",
@@ -123,6 +146,6 @@ def register(sub) -> None:
     r.add_argument("--crds", help="also check every object strictly against the CRDs in this folder "
                                   "(the pkg/apis/crds of the Karpenter release you run)")
     r.add_argument("--with-controller", metavar="IMAGE",
-                   help="also render the WarmProfile CRD and the controller (Namespace, least-privilege RBAC, "
-                        "2-replica Deployment) running IMAGE")
+                   help="also render the controller (Namespace, least-privilege RBAC, 2-replica Deployment) "
+                        "running IMAGE; the CRD comes from --crd, applied first")
     r.set_defaults(func=run)

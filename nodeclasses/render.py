@@ -7,6 +7,7 @@ returns the objects; the CLI does the I/O. The same functions feed the controlle
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from nodewarm.errors import ProfileError
@@ -69,8 +70,17 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 
 
+# Fields of the user's profile that stay out of the cluster's WarmProfile. userData may carry secrets (bootstrap
+# tokens, registry passwords) and a WarmProfile is cluster-scoped and readable by every node agent; nothing in
+# the cluster needs it: the controller merges nodewarm's part into the live EC2NodeClass's own userData.
+LOCAL_ONLY_FIELDS = (("nodes", "userData"),)
+
+
 def warmprofile_document(p: WarmProfile) -> dict:
-    """The profile itself, so the controller in the cluster watches the same settings `render` used."""
-    doc = {k: v for k, v in p.raw.items() if k in ("apiVersion", "kind", "spec")}
+    """The profile itself, so the controller in the cluster watches the same settings `render` used (less the
+    LOCAL_ONLY_FIELDS, which only shape the documents rendered here)."""
+    doc = copy.deepcopy({k: v for k, v in p.raw.items() if k in ("apiVersion", "kind", "spec")})
+    for section, name in LOCAL_ONLY_FIELDS:
+        doc.get("spec", {}).get(section, {}).pop(name, None)
     doc["metadata"] = {"name": p.name}
     return doc

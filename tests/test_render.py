@@ -329,7 +329,7 @@ def test_server_accepts_every_rendered_object(kube, name):
 
 
 @pytest.mark.kube
-def test_with_controller_renders_crd_and_controller_objects_the_server_accepts(kube, tmp_path, capsys):
+def test_with_controller_renders_controller_objects_the_server_accepts(kube, tmp_path, capsys):
     doc = v(metadata__name="qwen-ctl", spec__nodes__nodePool="gpu-ctl", spec__nodes__nodeClass="gpu-ctl",
             spec__serving__namespace="ns-ctl")
     f = tmp_path / "p.yaml"
@@ -337,7 +337,7 @@ def test_with_controller_renders_crd_and_controller_objects_the_server_accepts(k
     assert main(["render", "-f", str(f), "--with-controller", "registry.example/nodewarm:0.1.0"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
-    assert kinds[0] == "CustomResourceDefinition" and "ClusterRole" in kinds and kinds.count("Deployment") == 2
+    assert kinds[0] == "Namespace" and "ClusterRole" in kinds and kinds.count("Deployment") == 2
     from kubernetes import client
 
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": "ns-ctl"}})
