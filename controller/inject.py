@@ -72,6 +72,16 @@ def conflict_managers(e: ApiException) -> tuple[list[str], list[str]]:
     return managers, fields
 
 
+def _injected(p: WarmProfile, where: str, advice: str | None, targets: list[TargetResult]) -> InjectResult:
+    """Injected=True; a pool whose own disruption policy discards warm nodes says so (reason ConsolidatesWarmNodes,
+    a Warning event) while the fields are in place all the same."""
+    if advice:
+        return InjectResult(p.name, Condition("Injected", "True", "ConsolidatesWarmNodes",
+                                              f"{where} hold nodewarm's fields; but {advice}"), tuple(targets), warning=True)
+    return InjectResult(p.name, Condition("Injected", "True", "UpToDate", f"{where} hold nodewarm's fields"),
+                        tuple(targets))
+
+
 class Injector:
     def __init__(self, kube: Kube, dry_run: bool = False, instance_source: str = "offline"):
         self.kube, self.dry_run, self.instance_source = kube, dry_run, instance_source
@@ -111,6 +121,7 @@ class Injector:
             types = lookup(p.nodes.instance_types)
             profile.check(p, types)     # the CRD's schema cannot check types, TP, NVMe sizes
             desired.check_live(p, nodeclass, pool, lookup)
+            advice = desired.disruption_advice(p, pool)     # the pool's own policy: warned about, never changed
             plan = [(nc_res, nodeclass, desired.desired_nodeclass_fields(p, nodeclass, types)),
                     (NODEPOOLS, pool, desired.desired_nodepool_fields(p, pool, previous_taint_key))]
         except NodewarmError as e:
@@ -122,8 +133,7 @@ class Injector:
                    for res, current, body, diff in diffs]
         where = f"{nc_res.kind} {p.nodes.node_class} and NodePool {p.nodes.node_pool}"
         if not pending:
-            return InjectResult(p.name, Condition("Injected", "True", "UpToDate", f"{where} hold nodewarm's fields"),
-                                tuple(results))
+            return _injected(p, where, advice, results)
         said = "; ".join(f"{res.kind}/{body['metadata']['name']}: {', '.join(diff)}" for res, _, body, diff in pending)
         if p.injection.mode == "verify":
             return InjectResult(p.name, Condition("Injected", "False", "Differs",
@@ -167,8 +177,7 @@ class Injector:
                           fields=list(diff), rv=after["metadata"]["resourceVersion"])
             applied.append(TargetResult(res.kind, body["metadata"]["name"], diff, True,
                                         after["metadata"]["resourceVersion"]))
-        return InjectResult(p.name, Condition("Injected", "True", "UpToDate", f"{where} hold nodewarm's fields"),
-                            tuple(applied))
+        return _injected(p, where, advice, applied)
 
     def release(self, pool_name: str, taint_key: str) -> TargetResult | None:
         """A deleted profile: take its startup taint out of the NodePool (new nodes would stay tainted until

@@ -9,6 +9,8 @@ change to an EC2NodeClass's userData or instanceStorePolicy, or to a NodePool's 
 
 from __future__ import annotations
 
+import re
+
 from nodewarm.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile, check_taint_key
@@ -72,8 +74,44 @@ def check_live(p: WarmProfile, nodeclass: dict, pool: dict, lookup) -> None:
         raise Refused(f"NodePool {p.nodes.node_pool} has no requirement {{key: {want['key']}, operator: Exists}}: the "
                       f"vLLM pods select {want['key']}, and Karpenter launches no node for a pod whose label the pool "
                       "does not define (\"incompatible requirements ... does not have known values\"); add it to "
-                      "spec.template.spec.requirements (outside Karpenter's drift hash: no node is replaced)",
+                      "spec.template.spec.requirements. It is outside Karpenter's drift hash, but Karpenter replaces a "
+                      "running node whose labels miss a requirement (RequirementsDrifted): add it while the pool has "
+                      "no nodes, or expect its current nodes to be replaced within its disruption budgets",
                       "NoGenerationRequirement")
+
+
+# Consolidation policies that also remove or replace nodes that still run pods, and the shortest
+# consolidateAfter nodewarm renders itself (nodes.disruption's default).
+_UNDERUTILIZED_POLICIES = ("WhenEmptyOrUnderutilized", "Balanced")
+_SHORT_CONSOLIDATE_AFTER_S = 600
+_DURATION_PART = re.compile(r"([0-9]+)(h|m|s)")
+
+
+def _duration_s(text: str) -> int | None:
+    """A Karpenter duration ('0s', '1h30m') in seconds; None for Never or anything else."""
+    if not isinstance(text, str) or not text or _DURATION_PART.sub("", text) != "":
+        return None
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in _DURATION_PART.findall(text))
+
+
+def disruption_advice(p: WarmProfile, pool: dict) -> str | None:
+    """A warning for a user's NodePool whose own disruption policy discards warm GPU nodes, or None.
+
+    nodewarm never injects spec.disruption or spec.limits into a pool it did not render: they are the user's cost
+    policy (and its tool's fields). Karpenter's defaults (consolidationPolicy WhenEmptyOrUnderutilized,
+    consolidateAfter 0s) let it delete or replace a warm node seconds after it becomes underutilized, so the next
+    scale-up starts cold; the controller says so once (an Event and the condition), and changes nothing."""
+    d = (pool.get("spec") or {}).get("disruption") or {}
+    policy = d.get("consolidationPolicy", "WhenEmptyOrUnderutilized")
+    after = d.get("consolidateAfter", "0s")
+    seconds = _duration_s(after)
+    if policy not in _UNDERUTILIZED_POLICIES or seconds is None or seconds >= _SHORT_CONSOLIDATE_AFTER_S:
+        return None
+    return (f"NodePool {p.nodes.node_pool} has consolidationPolicy {policy} with consolidateAfter {after}: Karpenter "
+            "may delete or replace a warm GPU node (its weights and compile caches) soon after it becomes "
+            "underutilized, and the next scale-up starts cold; nodewarm leaves the pool's disruption to you, and "
+            "renders consolidationPolicy WhenEmpty, consolidateAfter 10m, budgets [{nodes: \"1\"}] (spec.disruption "
+            "is outside Karpenter's drift hash: changing it replaces no node)")
 
 
 def desired_nodeclass_fields(p: WarmProfile, current: dict, types: dict[str, InstanceType]) -> dict:

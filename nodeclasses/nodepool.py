@@ -1,8 +1,21 @@
-"""Karpenter NodePool (karpenter.sh/v1) for a WarmProfile: the startup taint and the NVMe types."""
+"""Karpenter NodePool (karpenter.sh/v1) for a WarmProfile: the startup taint, the NVMe types, and the
+disruption and limits that keep warm GPU nodes (and bound GPU spend).
+
+Drift (kubernetes-sigs/karpenter ``pkg/apis/v1/nodepool.go`` ``Hash()`` hashes only ``spec.template``, and in it
+``requirements`` and ``resources`` carry ``hash:"ignore"``): ``spec.disruption``, ``spec.limits`` and every
+requirement below are outside the static hash, so adding or changing them marks no NodeClaim ``NodePoolDrifted``.
+Requirements have a *dynamic* check instead (``pkg/controllers/nodeclaim/disruption/drift.go``
+``areRequirementsDrifted``): a live NodeClaim whose labels no longer satisfy the pool's requirements is
+``RequirementsDrifted`` and replaced. ``requirements_drifted`` models it, e.g. narrowing capacityTypes to
+``reserved`` replaces the running on-demand nodes.
+"""
 
 from __future__ import annotations
 
+import math
+
 from nodewarm.generation import GENERATION_LABEL
+from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 
 from .labels import GPU_TAINT, MANAGED_BY, PROFILE_LABEL
@@ -11,8 +24,17 @@ from .labels import GPU_TAINT, MANAGED_BY, PROFILE_LABEL
 # can satisfy: a key it does not define is "incompatible requirements, label ... does not have known values",
 # and a pending vLLM pod would never start a scale-up. With Exists the pool allows any generation; the
 # NodeClaim takes the pod's value and the node registers with it, under the startup taint until it is warm.
-# Requirements are outside Karpenter's drift hash, so adding this replaces no node.
+# Requirements are outside Karpenter's drift hash, and nodewarm's nodes carry the label, so re-rendering never
+# replaces them; but a node launched *before* a user added this requirement lacks the label and is replaced as
+# RequirementsDrifted (requirements_drifted below).
 GENERATION_REQUIREMENT = {"key": GENERATION_LABEL, "operator": "Exists"}
+
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+RESERVATION_ID_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Karpenter's own default is 10% (rounded up: one node for a small pool, more for a large one). A GPU node
+# replaced or consolidated is a node whose weights and caches are gone: one at a time.
+DEFAULT_BUDGETS = ({"nodes": "1"},)
 
 
 def startup_taint(p: WarmProfile) -> dict:
@@ -39,11 +61,81 @@ def requirements(p: WarmProfile) -> list[dict]:
         reqs.append({"key": "karpenter.k8s.aws/instance-local-nvme", "operator": "Gt", "values": ["0"]})
     else:
         reqs.append({"key": "eks.amazonaws.com/instance-local-nvme", "operator": "Gt", "values": ["0"]})
+    if p.nodes.capacity_types:
+        reqs.append({"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": list(p.nodes.capacity_types)})
+    if p.nodes.capacity_reservation_ids and tuple(p.nodes.capacity_types) == ("reserved",):
+        # The EC2NodeClass's capacityReservationSelectorTerms choose the reservations (Karpenter does no open
+        # matching). The reservation-id label exists only on reserved nodes, so this pin is added only for a
+        # reserved-only pool: beside on-demand or spot it would forbid the fallback the user asked for (and
+        # replace, as RequirementsDrifted, every live node launched outside a reservation).
+        reqs.append({"key": RESERVATION_ID_LABEL, "operator": "In", "values": list(p.nodes.capacity_reservation_ids)})
     return reqs
 
 
-def render(p: WarmProfile) -> dict:
+def surge_nodes(replicas: int) -> int:
+    """The vLLM Deployment's rollout surge in pods (the Deployment default maxSurge 25%, rounded up), at least one
+    node so a deadline or drift replacement can launch before the old node goes."""
+    return max(1, math.ceil(replicas * 0.25))
+
+
+def default_gpu_limit(p: WarmProfile, types: dict[str, InstanceType]) -> int:
+    """Enough GPUs for every replica on a node of its own plus the surge, on the largest allowed type: a runaway
+    scale-up (or a pod that can never schedule) stops at this many GPUs instead of buying more."""
+    per_node = max(types[t].gpus for t in p.nodes.instance_types)
+    return (p.serving.replicas + surge_nodes(p.serving.replicas)) * per_node
+
+
+def limits(p: WarmProfile, types: dict[str, InstanceType]) -> dict:
+    lim = p.nodes.limits
+    gpus = lim.gpus if lim.gpus is not None else default_gpu_limit(p, types)
+    out = {"cpu": lim.cpu, "memory": lim.memory, GPU_RESOURCE: str(gpus)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def disruption(p: WarmProfile) -> dict:
+    d = p.nodes.disruption
+    return {"consolidationPolicy": d.consolidation_policy, "consolidateAfter": d.consolidate_after,
+            "budgets": [dict(b) for b in (d.budgets or DEFAULT_BUDGETS)]}
+
+
+def _label_matches(req: dict, labels: dict[str, str]) -> bool:
+    """One NodePool requirement against a NodeClaim's labels, as Karpenter's ``Requirements.Compatible`` sees it
+    (``pkg/scheduling/requirements.go``): a key the NodeClaim lacks fails every operator but NotIn/DoesNotExist."""
+    key, op, values = req.get("key"), req.get("operator"), [str(x) for x in req.get("values") or ()]
+    if key not in labels:
+        return op in ("NotIn", "DoesNotExist")
+    value = labels[key]
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return True
+    if op == "DoesNotExist":
+        return False
+    if op in ("Gt", "Lt"):
+        try:
+            n, bound = int(value), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return n > bound if op == "Gt" else n < bound
+    return False
+
+
+def requirements_drifted(pool: dict, nodeclaim_labels: dict[str, str]) -> bool:
+    """Whether a live NodeClaim with these labels is RequirementsDrifted (replaced) under ``pool``'s requirements:
+    the dynamic drift check, which ``drift.would_drift`` (static hash only) does not cover."""
+    reqs = (((pool.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements") or ()
+    return not all(_label_matches(r, nodeclaim_labels) for r in reqs)
+
+
+def render(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
+    """``types``: the allowed types' facts (``instancetypes.lookup``); None looks them up in the offline table."""
     n = p.nodes
+    if types is None:
+        from nodewarm import instancetypes
+
+        types = instancetypes.lookup(list(n.instance_types))
     node_class_ref = ({"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": n.node_class}
                       if n.mode == "karpenter" else
                       {"group": "eks.amazonaws.com", "kind": "NodeClass", "name": n.node_class})
@@ -61,5 +153,8 @@ def render(p: WarmProfile) -> dict:
                     "taints": [{"key": GPU_TAINT, "effect": "NoSchedule"}],
                 },
             },
+            # Outside the drift hash: a changed policy or limit replaces no node.
+            "disruption": disruption(p),
+            "limits": limits(p, types),
         },
     }

@@ -3,7 +3,8 @@
 Validation happens in two layers, both reporting ``field: bad value: fix``:
 1. the JSON Schema (shape, types, enums, unknown fields), shared with the CRD;
 2. semantic checks the schema cannot express (TP against the GPUs of every allowed instance type,
-   model size against their NVMe, mode-specific required fields).
+   model size against their NVMe and their GPU memory, capacity reservations, the image pre-pull timeout
+   against the readiness deadline, mode-specific required fields).
 """
 
 from __future__ import annotations
@@ -285,6 +286,16 @@ def _check_prepull_timeout(doc: Any) -> None:
                            "above zero, e.g. 90s, 10m (the default) or 1h")
 
 
+DEFAULT_PREPULL_TIMEOUT_S = 600
+
+
+def default_prepull_timeout(deadline: str) -> str:
+    """10m, or half the readiness deadline when that is shorter: the pre-pull must give up (and say so) before
+    the deadline acts on the node. Not a schema default, which could not follow the deadline."""
+    s = min(DEFAULT_PREPULL_TIMEOUT_S, sizing.parse_duration_s(deadline) // 2)
+    return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
+
+
 def from_dict(doc: dict) -> WarmProfile:
     """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
     _check_deadline(doc)
@@ -347,7 +358,7 @@ def from_dict(doc: dict) -> WarmProfile:
             artifact_sha256=b.get("artifactSha256"),
             allow_non_nvme=b.get("allowNonNvme", False),
             namespace=b.get("namespace", "nodewarm-system"),
-            image_prepull_timeout=b.get("imagePrepullTimeout", "10m"),
+            image_prepull_timeout=b.get("imagePrepullTimeout") or default_prepull_timeout(r.get("deadline", "20m")),
         ),
         aws=_aws(s.get("aws", {}), s),
         injection=Injection(mode=s.get("injection", {}).get("mode", "inject"),
@@ -369,11 +380,116 @@ def check_taint_key(key: str, field: str = "spec.readiness.taintKey") -> None:
                            "your own, e.g. nodewarm.io/warming (the default)")
 
 
+# vLLM's default --gpu-memory-utilization: the share of each GPU's memory vLLM lets itself use for the weights,
+# the activations and the KV cache together.
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+# What must be left of that share after the weights for vLLM to serve at all: the activation peak of its profiling
+# run (about 1-2 GiB at the default max_num_batched_tokens), CUDA graphs (about 0.5-1 GiB) and a KV cache that
+# holds at least one max-model-len sequence (vLLM refuses to start otherwise; a 70B GQA model in bf16 needs
+# 320 KiB a token: 2.5 GiB for 8k tokens, split over the TP ranks). A floor, not a sizing: weights that leave less
+# cannot start; weights that leave more may still serve few concurrent sequences.
+KV_ACTIVATION_RESERVE_GIB = 4.0
+
+
+def _serving(p: WarmProfile):
+    """The engine settings as vLLM will get them (extraArgs validated, PP and gpu-memory-utilization read with
+    vLLM's spelling rules). Imported here, not at the top: nodeclasses.servingspec imports this module."""
+    from .nodeclasses.servingspec import serving_spec
+
+    return serving_spec(p)
+
+
+def pipeline_parallel_size(p: WarmProfile) -> int:
+    return _serving(p).pp
+
+
+def gpu_memory_utilization(p: WarmProfile) -> float:
+    v = _serving(p).engine.get("gpu-memory-utilization")
+    try:
+        u = float(v) if v is not None else VLLM_GPU_MEMORY_UTILIZATION
+    except ValueError:
+        return VLLM_GPU_MEMORY_UTILIZATION
+    return u if 0 < u <= 1 else VLLM_GPU_MEMORY_UTILIZATION
+
+
+def check_gpu_memory(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
+    """The weights must fit every allowed type's GPUs: size / (TP x PP) per GPU, within vLLM's share of the GPU's
+    memory less the KV-cache/activation reserve. Karpenter may launch any allowed type, so all must fit."""
+    if p.model.size_gb is None:
+        return
+    tp, pp, util = p.serving.tensor_parallel_size, pipeline_parallel_size(p), gpu_memory_utilization(p)
+    reserve = KV_ACTIVATION_RESERVE_GIB
+
+    def per_gpu_gib(ranks: int) -> float:
+        return p.model.size_gb * sizing.GB / ranks / sizing.GIB
+
+    for i, name in enumerate(p.nodes.instance_types):
+        it = types[name]
+        mem_gib = it.gpu_memory_mib / 1024
+        usable = util * mem_gib
+        budget = usable - reserve
+        if per_gpu_gib(tp * pp) <= budget:
+            continue
+        layout = f"TP={tp}" + (f" x PP={pp}" if pp > 1 else "")
+        fits = [d for d in range(tp, it.gpus + 1) if it.gpus % d == 0 and d * pp <= it.gpus
+                and per_gpu_gib(d * pp) <= budget]
+        facts = (f"{p.model.size_gb:g} GB of weights at {layout} is {p.model.size_gb / (tp * pp):.4g} GB "
+                 f"({per_gpu_gib(tp * pp):.1f} GiB) per GPU; {name}'s {it.gpu_name} has {mem_gib:.0f} GiB "
+                 f"({usable:.1f} GiB usable at gpu-memory-utilization {util:g}, minus {reserve:g} GiB for the KV cache "
+                 f"and activations: {budget:.1f} GiB)")
+        if fits:
+            raise ProfileError("spec.serving.tensorParallelSize", tp, f"{facts}; use TP >= {fits[0]}")
+        raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
+                           f"{facts}, and no tensorParallelSize on its {it.gpus} GPU(s) fits; choose types with more "
+                           "or larger GPUs, or a smaller (quantized) model")
+
+
+# The NodePool CRD's patterns for a budget (kubernetes-sigs/karpenter pkg/apis/v1/nodepool.go), stricter than the
+# profile schema's; checked here so a bad budget is a profile error, not a failed apply.
+_BUDGET_NODES = re.compile(r"^((100|[0-9]{1,2})%|[0-9]+)$")
+_BUDGET_DURATION = re.compile(r"^((([0-9]+(h|m))|([0-9]+h[0-9]+m))(0s)?)$")
+
+
+def check_nodepool(p: WarmProfile) -> None:
+    """Capacity types, reservations and disruption budgets: what the rendered NodePool/EC2NodeClass need."""
+    n = p.nodes
+    if n.capacity_reservation_ids:
+        if n.mode != "karpenter":
+            raise ProfileError("spec.nodes.capacityReservationIds", list(n.capacity_reservation_ids),
+                               "Karpenter mode only (nodewarm renders them into the EC2NodeClass's "
+                               "capacityReservationSelectorTerms); remove them in automode")
+        if "reserved" not in n.capacity_types:
+            raise ProfileError("spec.nodes.capacityTypes", list(n.capacity_types) or None,
+                               "spec.nodes.capacityReservationIds launch only with capacity type reserved: add it, "
+                               "e.g. [reserved, on-demand] to fall back to on-demand when the reservations are full")
+    for i, b in enumerate(n.disruption.budgets):
+        where = f"spec.nodes.disruption.budgets[{i}]"
+        if not _BUDGET_NODES.match(str(b.get("nodes", ""))):
+            raise ProfileError(f"{where}.nodes", b.get("nodes"), "a node count (\"1\") or a percentage up to 100%")
+        if "duration" in b and not _BUDGET_DURATION.match(b["duration"]):
+            raise ProfileError(f"{where}.duration", b["duration"], "minutes and/or hours, e.g. 30m, 2h or 1h30m")
+        if ("schedule" in b) != ("duration" in b):
+            raise ProfileError(f"{where}.{'duration' if 'schedule' in b else 'schedule'}", None,
+                               "schedule and duration go together (Karpenter's rule): set both or neither")
+
+
+def check_prepull_timeout(p: WarmProfile) -> None:
+    t, d = p.bootstrap.image_prepull_timeout_s, p.readiness.deadline_s
+    if t >= d:
+        raise ProfileError("spec.bootstrap.imagePrepullTimeout", p.bootstrap.image_prepull_timeout,
+                           f"must be shorter than spec.readiness.deadline ({p.readiness.deadline}): the deadline "
+                           f"would act on the node ({p.readiness.on_deadline}) before the pre-pull gives up; use "
+                           f"at most {default_prepull_timeout(p.readiness.deadline)} (half the deadline) or "
+                           "lengthen the deadline")
+
+
 def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
     check_taint_key(p.readiness.taint_key)
     check_aws(p)
+    check_prepull_timeout(p)
+    check_nodepool(p)
     for i, name in enumerate(n.instance_types):
         if name not in types:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
@@ -403,6 +519,12 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
             good = [d for d in range(1, it.gpus + 1) if it.gpus % d == 0]
             raise ProfileError("spec.serving.tensorParallelSize", tp,
                                f"{name} has {it.gpus} GPUs; tensorParallelSize must divide that: one of {good}")
+        pp = pipeline_parallel_size(p)
+        if tp * pp > it.gpus:
+            # One pod holds every rank (nodeclasses/vllm.py requests TP x PP GPUs): more than a node has never binds.
+            raise ProfileError("spec.serving.extraArgs", f"--pipeline-parallel-size={pp}",
+                               f"TP={tp} x PP={pp} needs {tp * pp} GPUs in one pod, but {name} has {it.gpus}; "
+                               f"lower the pipeline-parallel size to at most {it.gpus // tp}")
         if it.nvme_gb == 0:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,
                                "has no NVMe instance store; nodewarm needs one to hold the weights")
@@ -418,6 +540,7 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
                                    f"{name} has {types[name].nvme_gb} GB of NVMe, but the model plus "
                                    f"{sizing.headroom_gb(p.model.size_gb):.0f} GB headroom needs {need:.0f} GB; "
                                    "pick larger instance types")
+    check_gpu_memory(p, types)
     if n.mode == "automode" and n.ephemeral_storage_size:
         size_b = sizing.parse_quantity_bytes(n.ephemeral_storage_size)
         smallest = min(n.instance_types, key=lambda t: types[t].nvme_gb)
