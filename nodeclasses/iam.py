@@ -3,7 +3,9 @@
 * ``agent`` (reader): the bootstrap agent lists and reads the model prefix and the compile-cache prefix, and
   reads the launcher artifact. It is attached to the bootstrap DaemonSet's role (Pod Identity / IRSA) or, for
   the AL2023 host agent with ``spec.aws.identity: node``, to the node role. It never writes.
-* ``publisher`` (writer, only with ``compileCache.publisher``): reads and writes the compile-cache prefix only.
+* ``publisher`` (writer, only with ``compileCache.publisher``): reads and writes the compile-cache prefix, and
+  reads (never writes) the model prefix: its ServiceAccount is the serving pod's, and a vLLM container started on
+  a node whose local copy is not complete streams the model from S3 (nodeclasses.servestart).
   Envelopes (the ``*.json`` pointers nodes trust) may only be written conditionally (``If-None-Match`` for the
   first writer, ``If-Match`` to replace a stale one), so a publisher can never blindly overwrite another's
   pointer; content-addressed blobs, claims, stale markers (``<key>.json.stale/<generation>``, after a miss
@@ -50,9 +52,13 @@ def agent_policy(p: WarmProfile) -> dict:
 def publisher_policy(p: WarmProfile) -> dict:
     cb, cp = _split(p.compile_cache.uri)
     root = f"arn:aws:s3:::{cb}/{cp}"
+    mb, mp = _split(p.model.uri)
     statements = [
         _list("ListCompileCache", cb, cp),
         {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{root}*"]},
+        # vLLM in the same pod streams the model when the node's copy is not complete (servestart): read only.
+        _list("ListModel", mb, mp),
+        {"Sid": "ReadModel", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{mb}/{mp}*"]},
         # Content-addressed archives, claims, stale markers and per-image runtime descriptors: never a pointer.
         {"Sid": "WriteBlobsClaimsMarkersRuntimes", "Effect": "Allow", "Action": ["s3:PutObject"],
          "Resource": [f"{root}*blobs/*", f"{root}*.json.claims/*", f"{root}*.json.stale/*", f"{root}runtimes/*"]},

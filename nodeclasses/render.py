@@ -53,7 +53,7 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
         docs.append(ec2nodeclass.render(p, user_data))
     else:
         docs.append(automode.render(p, types))
-    docs.append(nodepool.render(p))
+    docs.append(nodepool.render(p, types))
     if p.uses_daemonset:
         docs += daemonset.manifests(bootstrap_launch(p), nodepool=p.nodes.node_pool, image=bootstrap_image(p),
                                     readiness_taint_key=p.readiness.taint_key, namespace=p.bootstrap.namespace,
@@ -66,7 +66,8 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     if p.compile_cache.publisher:
         docs.append(vllm.publisher_service_account(p))
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
-    docs += [vllm.deployment(p), vllm.service(p)]
+    docs.append(vllm.servestart.configmap(p))   # the vLLM container's start script, before its Deployment
+    docs += [vllm.deployment(p, types), vllm.service(p), vllm.pod_disruption_budget(p)]
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 
 

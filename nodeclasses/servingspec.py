@@ -5,12 +5,20 @@ all take it from ``serving_spec``, so a setting that changes compilation can nev
 the key. Every engine setting is in it under vLLM's own flag name (``_`` and ``-`` are the same to vLLM's
 parser, so ``--max_model_len`` and ``--max-model-len 4096`` are one setting): dtype, max-model-len, and every
 ``serving.extraArgs`` flag (quantization, compilation-config, ...) except the few that only change how the HTTP
-server runs. TP and PP are fields of their own; PP comes from ``--pipeline-parallel-size`` in extraArgs.
+server runs. TP is a field of its own. PP has no field (the profile schema has none): it comes from
+``--pipeline-parallel-size`` in extraArgs, the only place it is set, so vLLM still gets it once, and the pod
+requests TP x PP GPUs.
+
+A flag the profile itself sets (model, TP, port, ...) is refused in extraArgs in any spelling: vLLM's parser lets
+the last occurrence win, so a repeat would silently override the field (and ``--port``/``--host`` would break the
+Service and the probes). ``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed it reaches
+vLLM as exactly ``--enforce-eager`` and the key as ``enforce-eager=true`` (eager code is not the compiled code).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nodewarm.errors import ProfileError
@@ -21,18 +29,39 @@ from .podlayout import model_path
 if TYPE_CHECKING:
     from nodewarm.bootstrap.compilecache.cachekey import ServingSpec
 
+FIELD = "spec.serving.extraArgs"
 # vLLM's short spellings.
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
           "q": "quantization", "O": "compilation-config"}
-# Flags with a field of their own: extraArgs may not set them a second time, differently.
-_OWN_FIELD = {"model": "the profile's model", "tensor-parallel-size": "spec.serving.tensorParallelSize",
-              "dtype": "spec.serving.dtype", "max-model-len": "spec.serving.maxModelLen"}
-# Only how the HTTP server runs: never in vLLM's compile hash.
-_SERVER_ONLY = frozenset({"host", "port", "served-model-name", "api-key", "disable-log-requests", "enable-log-requests",
-                          "disable-log-stats", "uvicorn-log-level", "disable-uvicorn-access-log", "ssl-keyfile",
-                          "ssl-certfile", "ssl-ca-certs", "root-path", "allowed-origins", "allowed-methods",
-                          "allowed-headers", "middleware", "chat-template", "response-role"})
-_DROPPED = frozenset({"enforce-eager"})     # the renderer never passes it (it turns torch.compile off)
+# Flags the rendered pod already passes (or whose job a profile field does): where to set each instead.
+_PROFILE_SETS = {
+    "model": "set spec.model.uri: vLLM serves the copy nodewarm put on the node's NVMe",
+    "served-model-name": "the model is served under the profile's metadata.name; rename the profile",
+    "tensor-parallel-size": "set spec.serving.tensorParallelSize",
+    "max-model-len": "set spec.serving.maxModelLen",
+    "dtype": "set spec.serving.dtype",
+    "port": "set spec.serving.port (the Service and the probes use it)",
+    "host": "remove it: vLLM listens on 0.0.0.0 so the Service and the kubelet's probes reach it",
+    "load-format": "remove it: nodewarm loads the weights with runai_streamer from the node's NVMe",
+    "model-loader-extra-config": "remove it: the streamer is tuned from spec.serving.chunkSizeGB and "
+                                 "spec.model.sizeGB (concurrency)",
+    # The pod requests TP x PP GPUs; data parallelism inside it would need more than it gets.
+    "data-parallel-size": "scale out with spec.serving.replicas (one pod serves one data-parallel rank)",
+}
+# Only how the HTTP server runs: passed to vLLM, never in its compile hash.
+_SERVER_ONLY = frozenset({"api-key", "disable-log-requests", "enable-log-requests", "disable-log-stats",
+                          "uvicorn-log-level", "disable-uvicorn-access-log", "ssl-keyfile", "ssl-certfile",
+                          "ssl-ca-certs", "root-path", "allowed-origins", "allowed-methods", "allowed-headers",
+                          "middleware", "chat-template", "response-role"})
+EAGER = "enforce-eager"
+
+
+@dataclass(frozen=True)
+class ExtraArg:
+    """One ``serving.extraArgs`` flag: vLLM's long name (``-`` spelling), its value, the tokens as written."""
+    name: str
+    value: str          # "true" for a bare --flag, "false" for --no-flag
+    tokens: tuple[str, ...]
 
 
 def _value(text: str) -> str:
@@ -43,39 +72,85 @@ def _value(text: str) -> str:
         return text
 
 
-def normalize_extra_args(args: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``serving.extraArgs`` as {flag: value}: ``--a_b=1``, ``--a-b 1`` -> {"a-b": "1"}; ``--flag`` -> "true";
-    ``--no-flag`` -> {"flag": "false"}. Server-only flags and ``--enforce-eager`` are left out."""
+def _is_flag(tok: str) -> bool:
+    """``--x`` and vLLM's short ``-O3``/``-tp``; ``-1`` is a value (a negative number)."""
+    return tok.startswith("--") or (tok.startswith("-") and tok[1:2].isalpha())
+
+
+def parse_extra_args(args: tuple[str, ...] | list[str]) -> list[ExtraArg]:
+    """``--a_b=1``, ``--a-b 1`` -> ExtraArg("a-b", "1"); ``--flag`` -> "true"; ``--no-flag`` -> ("flag", "false");
+    ``-tp 2`` / ``-O3``: vLLM's short spellings under their long names."""
     tokens = list(args)
-    out: dict[str, str] = {}
+    out: list[ExtraArg] = []
     i = 0
     while i < len(tokens):
-        tok = tokens[i]
+        tok, start = tokens[i], i
         if not tok.startswith("-") or tok == "-":
-            raise ProfileError("spec.serving.extraArgs", tok, "each entry is a vLLM flag (--name=value or --name "
-                               "followed by its value)")
+            raise ProfileError(FIELD, tok, "each entry is a vLLM flag (--name=value or --name followed by its value)")
         name, eq, value = tok.lstrip("-").partition("=")
         if not tok.startswith("--"):
             # -O3 / -O.level=3 / -tp 2: vLLM's short spellings.
             short = next((s for s in sorted(_SHORT, key=len, reverse=True) if name.startswith(s)), None)
             if short is None:
-                raise ProfileError("spec.serving.extraArgs", tok, "use the long --flag spelling")
+                raise ProfileError(FIELD, tok, "use the long --flag spelling")
             rest = name[len(short):]
             name = _SHORT[short]
             if rest and not eq:
                 value, eq = (json.dumps({"level": int(rest)}) if short == "O" and rest.isdigit() else rest), "="
         name = name.replace("_", "-")
         if not eq:
-            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            if i + 1 < len(tokens) and not _is_flag(tokens[i + 1]):
                 value, i = tokens[i + 1], i + 1
             elif name.startswith("no-"):
                 name, value = name[3:], "false"
             else:
                 value = "true"
         i += 1
-        if name in _SERVER_ONLY or name in _DROPPED:
-            continue
-        out[name] = _value(value)
+        out.append(ExtraArg(name, value, tuple(tokens[start:i])))
+    return out
+
+
+def _eager_on(arg: ExtraArg) -> bool:
+    v = arg.value.lower()
+    if v not in ("true", "false"):
+        raise ProfileError(FIELD, " ".join(arg.tokens), "--enforce-eager takes no value (or true/false)")
+    return v == "true"
+
+
+def checked_extra_args(p: WarmProfile) -> list[ExtraArg]:
+    """``serving.extraArgs`` parsed, refusing every flag the profile sets itself and eager mode unless allowed."""
+    parsed = parse_extra_args(p.serving.extra_args)
+    for a in parsed:
+        if a.name in _PROFILE_SETS:
+            raise ProfileError(FIELD, " ".join(a.tokens),
+                               f"nodewarm already passes --{a.name}; {_PROFILE_SETS[a.name]}")
+        if a.name == EAGER and _eager_on(a) and not p.serving.allow_eager:
+            raise ProfileError(FIELD, " ".join(a.tokens),
+                               "eager mode turns torch.compile off, so the compile cache nodewarm restores goes "
+                               "unused; remove it, or set spec.serving.allowEager: true to serve eager anyway")
+    return parsed
+
+
+def eager(parsed: list[ExtraArg]) -> bool:
+    """Whether vLLM runs eager: the last --enforce-eager / --no-enforce-eager wins, as in vLLM's parser."""
+    flags = [a for a in parsed if a.name == EAGER]
+    return bool(flags) and _eager_on(flags[-1])
+
+
+def vllm_extra_args(p: WarmProfile) -> list[str]:
+    """The extraArgs as vLLM gets them: as written, except eager mode, spelled the one way every vLLM parses
+    (``--enforce-eager=true`` is an error where the flag is a store_true; ``--no-...`` is unknown to old ones)."""
+    parsed = checked_extra_args(p)
+    out = [t for a in parsed if a.name != EAGER for t in a.tokens]
+    return out + (["--enforce-eager"] if eager(parsed) else [])
+
+
+def normalize_extra_args(parsed: list[ExtraArg]) -> dict[str, str]:
+    """The engine settings of checked extraArgs as {flag: value} for the key: server-only flags left out, eager
+    only when on (off is vLLM's default: the same compiled code as no flag at all)."""
+    out = {a.name: _value(a.value) for a in parsed if a.name not in _SERVER_ONLY and a.name != EAGER}
+    if eager(parsed):
+        out[EAGER] = "true"
     return dict(sorted(out.items()))
 
 
@@ -84,14 +159,10 @@ def serving_spec(p: WarmProfile) -> "ServingSpec":
     from nodewarm.bootstrap.compilecache.cachekey import ServingSpec
 
     s = p.serving
-    extra = normalize_extra_args(s.extra_args)
-    for flag, field in _OWN_FIELD.items():
-        if flag in extra:
-            raise ProfileError("spec.serving.extraArgs", f"--{flag}={extra[flag]}",
-                               f"set it with {field} instead (extraArgs would start vLLM with it twice)")
+    extra = normalize_extra_args(checked_extra_args(p))
     pp_text = extra.pop("pipeline-parallel-size", "1")
     if not pp_text.isdigit() or int(pp_text) < 1:
-        raise ProfileError("spec.serving.extraArgs", f"--pipeline-parallel-size={pp_text}", "a positive integer")
+        raise ProfileError(FIELD, f"--pipeline-parallel-size={pp_text}", "a positive integer")
     engine = {"dtype": s.dtype, **extra}
     if s.max_model_len:
         engine["max-model-len"] = str(s.max_model_len)

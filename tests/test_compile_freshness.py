@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_fixtures import cache_store
 from nodewarm import profile
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, servedcheck, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
-from bootstrap_fixtures import cache_store
-from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri, stale_key
+from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key, parse_uri, stale_key
 from nodewarm.errors import ProfileError
 from nodewarm.nodeclasses.labels import CACHE_ANNOTATION
 from nodewarm.nodeclasses.servingspec import serving_spec
@@ -160,7 +160,7 @@ def test_every_compile_relevant_engine_setting_changes_the_key():
     assert _key(extraArgs=['--compilation_config={"level":3}']) == changed["extraArgs compilation config"] \
         == _key(extraArgs=["-O3"])
     # How the HTTP server listens compiles nothing.
-    assert _key(extraArgs=["--port=9000", "--disable-log-requests"]) == base
+    assert _key(extraArgs=["--disable-log-requests", "--disable-log-stats"]) == base
 
 
 def test_extra_args_may_not_repeat_a_field():
@@ -244,3 +244,23 @@ def test_racing_replacements_leave_exactly_one_current_bundle(store, server, key
     assert (manifest["generation"], manifest["sha256"]) == (2, winner.sha256)
     out = restore.restore(store, FACTORS_A, _node(tmp_path, "reader", compiled=False), pub)
     assert (out.status, out.generation, out.sha256) == ("restored", 2, winner.sha256)
+
+
+def test_a_cold_start_is_reported_cold_and_proves_and_publishes_nothing(store, keys, tmp_path):
+    """vLLM streamed the model from S3 (its start script's record says s3): it compiled under another model string
+    in a private dir, so the node's untouched cache dirs must not read as a hit, nor anything as a miss."""
+    priv, pub = keys
+    assert publish.publish_once(store, _node(tmp_path, "a"), FACTORS_A, priv, {}, FAST).status == "published"
+    b = _node(tmp_path, "b", compiled=False)
+    got = restore.restore(store, FACTORS_A, b, pub)
+    reports = []
+    res = servedcheck.prove_and_publish(store, b, FACTORS_A, priv, {}, got.as_baseline(), lambda: True, FAST,
+                                        lambda *r: reports.append(r), started_from=lambda: "s3")
+    assert (res.outcome, res.reason, res.published, res.verdict) == ("cold", "ColdStart", None, None)
+    assert [r[:2] for r in reports] == [("cold", "ColdStart")]
+    env_key = envelope_key(cachekey.prefix(FACTORS_A, store.root), cachekey.key_id(FACTORS_A))
+    assert store.list(env_key + ".stale/", delimiter=None) == []      # the good bundle is not marked stale
+    # The same node started from its NVMe copy: the restore is proven a hit.
+    res = servedcheck.prove_and_publish(store, b, FACTORS_A, priv, {}, got.as_baseline(), lambda: True, FAST,
+                                        started_from=lambda: "local")
+    assert (res.outcome, res.reason) == ("hit", "CompileCacheHit")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap_fixtures import cache_store
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
-from bootstrap_fixtures import cache_store
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 
 MODEL = Path(__file__).resolve().parent.parent / "testenv" / "compile_probe.py"

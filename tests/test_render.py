@@ -98,7 +98,11 @@ def test_vllm_loader_config(tp, distributed):
 
 
 def test_vllm_never_enforce_eager_and_never_tolerates_the_startup_taint():
-    docs = rendered(v(spec__serving__extraArgs=["--enforce-eager", "--gpu-memory-utilization=0.9"]))
+    # Eager mode is refused unless allowed (tests/test_vllm_pod.py covers its spellings and allowEager).
+    with pytest.raises(profile.ProfileError) as e:
+        rendered(v(spec__serving__extraArgs=["--enforce-eager", "--gpu-memory-utilization=0.9"]))
+    assert e.value.field == "spec.serving.extraArgs" and "spec.serving.allowEager" in str(e.value)
+    docs = rendered(v(spec__serving__extraArgs=["--gpu-memory-utilization=0.9"]))
     c = container(docs)
     assert "--enforce-eager" not in c["args"] and "--gpu-memory-utilization=0.9" in c["args"]
     pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
@@ -118,7 +122,7 @@ def test_caches_and_weights_on_the_nvme_hostpath(mode, mount):
     assert env["RUNAI_STREAMER_CHUNK_BYTESIZE"] == str(4 * 2**30)
     assert {"RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS", "RUNAI_STREAMER_S3_LOW_SPEED_LIMIT"} <= set(env)
     vols = {vol["name"]: vol["hostPath"]["path"]
-            for vol in by_kind(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+            for vol in by_kind(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if "hostPath" in vol}
     assert vols["compile-cache"] == f"{mount}/compile-cache"
     assert vols["weights"].startswith(f"{mount}/")
     model_arg = next(a for a in c["args"] if a.startswith("--model="))
@@ -295,7 +299,9 @@ def test_server_accepts_every_rendered_object(kube, name):
     doc = launcher(name, metadata__name=f"qwen-{suffix}", spec__nodes__nodePool=f"gpu-{suffix}",
                    spec__nodes__nodeClass=f"gpu-{suffix}", spec__serving__namespace=f"ns-{suffix}")
     # The v1.20 API server has no ValidatingAdmissionPolicy (1.30+); its CEL is tested in test_admission_policy.
-    docs = [d for d in rendered(doc) if not d["kind"].startswith("ValidatingAdmissionPolicy")]
+    # Nor policy/v1 (1.21+): the PodDisruptionBudget is checked against the client's model in test_vllm_pod.
+    docs = [d for d in rendered(doc) if not d["kind"].startswith("ValidatingAdmissionPolicy")
+            and d["kind"] != "PodDisruptionBudget"]
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": f"ns-{suffix}"}})
     results = apply(kube.api_client(), docs)
     # The agent's ClusterRoles (and the nodes' binding), the bootstrap namespace and the agent's identity in it
@@ -338,6 +344,7 @@ def test_with_controller_renders_controller_objects_the_server_accepts(kube, tmp
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
     assert kinds[0] == "Namespace" and "ClusterRole" in kinds and kinds.count("Deployment") == 2
+    docs = [d for d in docs if d["kind"] != "PodDisruptionBudget"]     # v1.20 serves no policy/v1 (1.21+)
     from kubernetes import client
 
     client.CoreV1Api(kube.api_client()).create_namespace({"metadata": {"name": "ns-ctl"}})
@@ -356,7 +363,7 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
             spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"},
             spec__serving__extraArgs=["--gpu-memory-utilization=0.9", "--quantization", "fp8",
                                       '--compilation_config={"level": 3, "cudagraph_mode": "FULL"}',
-                                      "--pipeline-parallel-size=2", "--port=9000"])
+                                      "--pipeline-parallel-size=2", "--disable-log-requests"])
     docs = rendered(doc)
     pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
     vllm_c, pub = pod["containers"]
@@ -388,7 +395,7 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     assert {k: published.engine[k] for k in ("quantization", "compilation-config", "gpu-memory-utilization")} == {
         "quantization": "fp8", "compilation-config": '{"cudagraph_mode":"FULL","level":3}',
         "gpu-memory-utilization": "0.9"}
-    assert "port" not in published.engine       # how the HTTP server listens compiles nothing
+    assert "disable-log-requests" not in published.engine       # how the HTTP server runs compiles nothing
     assert published.model == next(a for a in vllm_c["args"] if a.startswith("--model=")).split("=", 1)[1]
 
 
@@ -421,6 +428,9 @@ def test_every_serving_field_changed_renders_byte_identical_node_objects(mode, m
     a = node_objects(base)
     monkeypatch.setenv("AWS_REGION", "ap-south-1")       # the renderer's environment never leaks in
     b = node_objects(changed)
+    # The replicas size the NodePool's default GPU limit (spec.limits, outside the drift hash): the one difference.
+    limits = [(x["spec"].pop("limits"), y["spec"].pop("limits")) for x, y in zip(a, b) if x["kind"] == "NodePool"]
+    assert limits == [({"nvidia.com/gpu": "16"}, {"nvidia.com/gpu": "40"})]
     assert yaml.safe_dump_all(a) == yaml.safe_dump_all(b)
     assert [drift.static_hash(x) for x in a] == [drift.static_hash(x) for x in b]
     # ... while the serving objects do change, and say which generation they need.

@@ -222,7 +222,8 @@ def _prove_and_publish(args, store, roots, factors, key, producer, settings, pro
         def report(outcome: str, reason: str, _message: str) -> None:
             report_compile_cache(api, args.node_name, outcome, reason)
     result = servedcheck.prove_and_publish(store, roots, factors, key, producer, baseline,
-                                           servedcheck.http_ready(args.ready_url), settings, report, probe)
+                                           servedcheck.http_ready(args.ready_url), settings, report, probe,
+                                           started_from=lambda: _start_path(args.start_record))
     doc = {"outcome": result.outcome, "reason": result.reason, "message": result.message,
            "verdict": result.verdict.to_dict() if result.verdict else None,
            "published": dataclasses.asdict(result.published) if result.published else None}
@@ -233,6 +234,16 @@ def _prove_and_publish(args, store, roots, factors, key, producer, settings, pro
     if result.outcome is None:
         raise NodewarmError(result.message, reason="PublishTimeout")
     return 0
+
+
+def _start_path(record: Path | None) -> str | None:
+    """Where vLLM's start script loaded the model from (local | s3 | None: no record, e.g. an older image)."""
+    if record is None:
+        return None
+    try:
+        return json.loads(record.read_text()).get("path")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def register_bootstrap(bsub: argparse._SubParsersAction) -> None:
@@ -283,6 +294,9 @@ def register_top(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-url", help="vLLM's health URL: once it answers, prove hit/miss against --baseline, "
                    "report it on the Node and republish on a miss (instead of waiting for a compile)")
     p.add_argument("--baseline", type=Path, help="the snapshot the node agent saved after its restore")
+    p.add_argument("--start-record", type=Path,
+                   help="the vLLM start script's record (JSON, path local|s3): a cold start (s3) is reported cold "
+                        "and proves and publishes nothing")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this Node, to record hit|miss|cold on (default $NODE_NAME)")
     p.add_argument("--kubeconfig", help="credentials for the Node write (default: $KUBECONFIG, else in-cluster)")

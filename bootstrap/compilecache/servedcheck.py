@@ -8,6 +8,9 @@ its health check and the cache dirs have been quiet for ``quiet_s``, the trees a
 * restored and serving compiled      -> ``miss``: the bundle's generation is marked stale, then this node's
   caches (restored + what serving added) replace it (publish.publish_once, a conditional replace)
 * nothing restored                   -> ``cold``: this node's compile is published if the key has no good bundle
+* vLLM started cold (its start script streamed the model from S3: nodeclasses/servestart.py) -> ``cold``,
+  ``ColdStart``: it compiled under another model string into a private dir, so the node's cache dirs say
+  nothing about a hit; nothing is marked stale and nothing is published
 
 The outcome lands on the Node as ``nodewarm.io/compile-cache`` (hit|miss|cold) through ``report``; the
 controller counts it in ``nodewarm_compile_cache_total{result}``.
@@ -91,9 +94,19 @@ def prove_and_publish(store: CacheStore, roots: Mapping[str, Path], factors: cac
                       key: Ed25519PrivateKey, producer: Mapping[str, str], baseline: hitcheck.Baseline,
                       ready: Callable[[], bool], settings: publish.PublishSettings = publish.PublishSettings(),
                       report: Callable[[Outcome, str, str], None] | None = None,
-                      runtime: cachekey.RuntimeProbe | None = None) -> ServedResult:
+                      runtime: cachekey.RuntimeProbe | None = None,
+                      started_from: Callable[[], str | None] = lambda: None) -> ServedResult:
+    """``started_from()``: where vLLM loaded the model from (the start script's record: local | s3), read once
+    vLLM is ready, when the script has long written it."""
     if not wait_served(roots, ready, settings):
         return ServedResult(None, "NotReady", f"vLLM was not ready within {settings.timeout_s} s")
+    if started_from() == "s3":
+        message = ("vLLM started cold (the model streamed from S3, this node's copy was incomplete): it compiled "
+                   "under another model string, in a private cache dir, so nothing is proven or published")
+        log.info("compilecache.served", outcome="cold", reason="ColdStart")
+        if report is not None:
+            report("cold", "ColdStart", message)
+        return ServedResult("cold", "ColdStart", message)
     verdict = hitcheck.judge(baseline.snapshot, hitcheck.snapshot(roots), restored=baseline.restored, served=True)
     outcome, reason = outcome_of(baseline, verdict)
     mine = envelope_key(cachekey.prefix(factors, store.root), cachekey.key_id(factors))

@@ -158,7 +158,7 @@ def stand_in_deployment(p: profile.WarmProfile) -> dict:
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     c.update(image=PAUSE_IMAGE, command=None, args=None)
-    c.pop("startupProbe"), c.pop("readinessProbe")
+    c.pop("startupProbe"), c.pop("readinessProbe"), c.pop("livenessProbe")
     c["command"], c["args"] = [], []
     pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": d["spec"]["selector"]["matchLabels"]},
@@ -394,7 +394,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     from nodewarm import instancetypes
 
     rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
-    docs = [d for d in rendered if d["kind"] not in ("Deployment",)]
+    # The Deployment is applied as its stand-in later; the local v1.20 API server serves no policy/v1 (1.21+).
+    docs = [d for d in rendered if d["kind"] not in ("Deployment", "PodDisruptionBudget")]
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": NAMESPACE}})
     for a in apply(admin, docs):
         say(f"   applied {a.kind}/{a.name}: {a.action}")
