@@ -27,14 +27,15 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, TIMELINE_ANNOTATION,
-    WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
+    TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
 from . import launchrecord
 from .compilecache import bundle, cachekey, hitcheck, restore
+from .gpuwait import GPU_WAIT_S
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 from .weights.loadcheck import StreamerTuning
 
@@ -64,6 +65,7 @@ class AgentConfig:
     serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)
     prepull_namespace: str = "nodewarm-system"      # where the image pre-pull pod runs (spec.bootstrap.namespace)
     prepull_deadline_s: float = 600.0               # spec.bootstrap.imagePrepullTimeout
+    gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -80,6 +82,12 @@ class AgentConfig:
     def serving_spec(self) -> cachekey.ServingSpec:
         return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
 
+    @property
+    def gpus_wanted(self) -> int:
+        """What the rendered vLLM pod requests (nodeclasses/vllm.py): tensor x pipeline parallel size."""
+        s = self.serving_spec()
+        return s.tp * s.pp
+
 
 @dataclass
 class AgentResult:
@@ -89,13 +97,15 @@ class AgentResult:
     weights: WeightsSummary | None = None
     cache: restore.RestoreResult | None = None
     image: object | None = None         # imageprepull.PrepullResult
+    gpus: object | None = None          # gpuwait.GpuResult
     timeline: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
                 "weights": dataclasses.asdict(self.weights) if self.weights else None,
                 "compileCache": self.cache.to_dict() if self.cache else None,
-                "image": dataclasses.asdict(self.image) if self.image else None}
+                "image": dataclasses.asdict(self.image) if self.image else None,
+                "gpus": dataclasses.asdict(self.gpus) if self.gpus else None}
 
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
@@ -106,6 +116,8 @@ class AgentResult:
             out[CACHE_REASON_ANNOTATION] = self.cache.reason
         if self.image is not None:
             out[IMAGE_ANNOTATION] = f"{self.image.status} {self.image.reason}"
+        if self.gpus is not None:
+            out[GPUS_ANNOTATION] = self.gpus.annotation()
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
@@ -128,17 +140,18 @@ def _launch_started() -> str | None:
 
 
 
-def warm(cfg: AgentConfig, image_wait=None) -> AgentResult:
+def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None) -> AgentResult:
     """Run the phases; never raises an Exception: every failure becomes the result.
 
-    ``image_wait(stop)`` waits for the serving image on this node (it needs the API; run() binds it).
+    ``image_wait(stop)`` waits for the serving image on this node, ``gpu_wait(stop)`` for the Node to advertise
+    the GPUs the vLLM pod requests (both need the API; run() binds them).
     """
     timeline = {"agent_started": _stamp()}
     launched = _launch_started()
     if launched:
         timeline["launch_started"] = launched
     try:
-        return _warm(cfg, timeline, image_wait)
+        return _warm(cfg, timeline, image_wait, gpu_wait)
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
         timeline["agent_failed"] = _stamp()
@@ -185,12 +198,20 @@ def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
     return result
 
 
-def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None) -> AgentResult:
-    stop = threading.Event()  # the weights failed: stop waiting for the image, the node is not warm anyway
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="phase") as pool:
+def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
+    timeline["gpus_wait_started"] = _stamp()
+    result = gpu_wait(stop)
+    timeline["gpus_advertised" if result.status == "advertised" else "gpus_wait_ended"] = _stamp()
+    return result
+
+
+def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None) -> AgentResult:
+    stop = threading.Event()  # the weights failed: stop waiting for the image and GPUs, the node is not warm anyway
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
         weights = pool.submit(_weights, cfg, timeline)
         cache_f = pool.submit(_compile_cache, cfg, timeline) if cfg.compile_cache_uri else None
         image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
+        gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline) if gpu_wait is not None else None
         try:
             summary = weights.result()
         except NodewarmError as e:
@@ -202,6 +223,7 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None) -> AgentR
             raise
         cache = cache_f.result() if cache_f else None
         image = image_f.result() if image_f else None
+        gpus = gpus_f.result() if gpus_f else None
 
     message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
                f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")
@@ -212,7 +234,13 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None) -> AgentR
         message += "; " + cache.condition_message()
     if image is not None:
         message += "; " + image.message
-    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, timeline=timeline)
+    if gpus is not None and gpus.status != "advertised":
+        # Warm all the same (gpuwait says why: Warm=False would deadlock with a plugin that waits for the lift).
+        message += f"; WARNING {gpus.reason}: {gpus.message}"
+    elif gpus is not None:
+        message += "; " + gpus.message
+    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, gpus=gpus,
+                       timeline=timeline)
 
 
 def _write_result(state_dir: Path, result: AgentResult) -> None:
@@ -235,6 +263,16 @@ def image_waiter(cfg: AgentConfig, api_client):
 
     return lambda stop: wait_for_image(api_client, cfg.node_name, cfg.serving_image, namespace=cfg.prepull_namespace,
                                        profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
+
+
+def gpu_waiter(cfg: AgentConfig, api_client):
+    """The GPU phase bound to this node (None: no API to read the Node with)."""
+    if api_client is None:
+        return None
+    from .gpuwait import wait_for_gpus
+
+    return lambda stop: wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
+                                      taint_key=cfg.readiness_taint, stop=stop)
 
 
 def report(api_client, cfg: AgentConfig, result: AgentResult, extra: dict[str, str] | None = None) -> None:
@@ -262,7 +300,7 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         report_warm(api_client, cfg.node_name, False, launch.reason, launch.condition_message(),
                     {LAUNCH_FAILURE_ANNOTATION: launch.annotation()})
         launchrecord.clear(cfg.state_dir)
-    result = warm(cfg, image_waiter(cfg, api_client))
+    result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client))
     if launch is not None:
         result.timeline["launch_failed"] = launch.time
     result.timeline["warm_reported"] = _stamp()

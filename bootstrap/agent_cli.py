@@ -74,7 +74,8 @@ def _follow_options(args: argparse.Namespace):
                                 f"writes ({type(e).__name__}: {e})", reason="InvalidArgument") from None
     return FollowOptions(profile=args.profile, mount=Path(args.mount), node_name=_node_name(args),
                          load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
-                         runtime=runtime, once=args.once, state_dir=Path(args.state_dir))
+                         runtime=runtime, once=args.once, state_dir=Path(args.state_dir),
+                         gpu_wait_s=args.gpu_wait_seconds)
 
 
 def _report_not_started(args: argparse.Namespace, e: Exception) -> None:
@@ -141,4 +142,8 @@ def register_bootstrap(bsub) -> None:
     p.add_argument("--state-dir", default=os.environ.get("NODEWARM_STATE_DIR", "/var/lib/nodewarm"),
                    help="launcher failure records in, agent-result.json out (default $NODEWARM_STATE_DIR, "
                         "else /var/lib/nodewarm)")
+    p.add_argument("--gpu-wait-seconds", type=float, default=None, metavar="S",
+                   help="how long Warm waits (from the agent's start, beside the weights) for the Node to advertise "
+                        "the nvidia.com/gpu the vLLM pod requests (default 180); past it the node reports Warm with a "
+                        "GpusNotAdvertised warning: its device plugin most likely does not tolerate the startup taint")
     p.set_defaults(func=_run)

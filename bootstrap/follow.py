@@ -51,6 +51,7 @@ class FollowOptions:
     poll_s: float = 10.0            # waiting for a missing profile, or for old pods to leave
     retry_s: float = 300.0          # a failed warm is tried again after this, or at once on a profile change
     state_dir: Path | None = None   # launcher failure records in, agent-result.json out
+    gpu_wait_s: float | None = None     # None: gpuwait.GPU_WAIT_S
 
 
 def streamer_tuning(p) -> StreamerTuning:
@@ -73,7 +74,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, readiness_taint=p.readiness.taint_key,
         streamer=streamer_tuning(p),
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
-        prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s))
+        prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
+        **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:

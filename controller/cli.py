@@ -22,10 +22,14 @@ WarmProfile:
   gate      when a node reports condition nodewarm.io/Warm=True, remove only the readiness taint
             (guarded JSON patch) and label the node with its profile, model and compile-cache result.
   deadline  past spec.readiness.deadline (>= 1m) without Warm, after re-reading the node live: untaint
-            (label cold), replace (delete the NodeClaim; at most --replace-budget per NodePool per
+            (label cold and the profile's generation: the vLLM pod lands and streams from S3 or waits
+            for the node's copy), replace (delete the NodeClaim; at most --replace-budget per NodePool per
             --replace-window-seconds, backing off exponentially, never for failures a new node would
             repeat such as NotInstanceStore) or keep (record + event; a late Warm still lifts the taint),
             per spec.readiness.onDeadline.
+  devices   DaemonSets that are device plugins (they mount /var/lib/kubelet/device-plugins) and may
+            run on the profile's nodes must tolerate the startup taint, or the node advertises no GPUs
+            before the lift: condition DevicePluginsTolerate on the WarmProfile, with the DaemonSet named.
 Every decision is a Kubernetes Event on the Node and the NodeClaim, a log line and a metric; what
 was decided is recorded on the Node (annotation nodewarm.io/state), so a restart does nothing twice.
 

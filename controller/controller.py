@@ -31,11 +31,12 @@ from nodewarm import logs
 from nodewarm.errors import NodewarmError
 from nodewarm.profile import WarmProfile, from_dict
 
+from . import deviceplugins
 from . import plan as planner
 from .events import EventRecorder
 from .inject import Injector
 from .kube import (
-    AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
+    AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
 )
 from .leader import LeaderConfig, LeaderElector
 from .metrics import HttpEndpoints, Metrics, metrics_routes
@@ -151,6 +152,12 @@ class Controller:
             self.profiles = Reflector(self.kube, WARMPROFILES, ProfileView.from_obj, self._on_profile, w,
                                       page_size=page)
             self.reflectors.append(self.profiles)
+        # Only what the decisions need gates acting: the DaemonSets feed a diagnosis (deviceplugins.py), and a
+        # controller whose RBAC lacks them (an older install) must still lift taints.
+        self.required = list(self.reflectors)
+        self.daemonsets = Reflector(self.kube, DAEMONSETS, deviceplugins.DaemonSetView.from_obj, self._on_daemonset,
+                                    w, page_size=page, key_fn=deviceplugins.daemonset_key)
+        self.reflectors.append(self.daemonsets)
         self.elector = None
         if self.opt.leader_elect and self.opt.dry_run:
             self.log.info("leader.skipped", why="--dry-run writes nothing, so it never takes the Lease")
@@ -232,6 +239,11 @@ class Controller:
         name = (new or old)[0]
         for p in self.all_profiles():
             if name in (p.nodes.node_pool, p.nodes.node_class):
+                self.queue.add(f"profile/{p.name}")
+
+    def _on_daemonset(self, kind: str, old, new) -> None:
+        if any(v is not None and v.device_plugin for v in (old, new)):
+            for p in self.all_profiles():
                 self.queue.add(f"profile/{p.name}")
 
     def _on_profile(self, kind: str, old: ProfileView | None, new: ProfileView | None) -> None:
@@ -495,7 +507,23 @@ class Controller:
                         "taintKey": p.readiness.taint_key,
                         "retiredTaintKeys": sorted(retired - {p.readiness.taint_key})}
         self._set_profile_condition(view, result.condition, injected)
+        self._check_device_plugins(p)
         return result
+
+    def _check_device_plugins(self, p: WarmProfile) -> deviceplugins.Verdict | None:
+        """Whether the device plugins that may run on the profile's nodes tolerate its startup taint: a
+        condition on the WarmProfile, a Warning event when that changes, a metric, a log line."""
+        if not self.daemonsets.synced.is_set():
+            return None          # not listed (yet, or no RBAC for it): no verdict rather than a false one
+        verdict = deviceplugins.check(list(self.daemonsets.store.values()), p)
+        self.metrics.device_plugins_missing.labels(p.name).set(len(verdict.missing))
+        view = self.profiles.store.get(p.name) if self.profiles is not None else None
+        if verdict.missing:
+            self.log.warning("device_plugins.missing_toleration", profile=p.name, daemonsets=list(verdict.missing),
+                             taint=p.readiness.taint_key)
+            self._profile_event(view, verdict.condition)
+        self._set_profile_condition(view, verdict.condition)
+        return verdict
 
     def _profile_event(self, view: ProfileView | None, cond: Condition) -> None:
         """A Warning event on the WarmProfile, once per new reason/message (the condition is the record)."""
@@ -587,8 +615,11 @@ class Controller:
         status: dict = {"conditions": conds}
         if injected is not None:
             status["injected"] = injected
-        self.kube.merge_patch(WARMPROFILES, view.name, {"metadata": {"resourceVersion": view.resource_version},
-                                                        "status": status}, sub="status")
+        after = self.kube.merge_patch(WARMPROFILES, view.name, {"metadata": {"resourceVersion": view.resource_version},
+                                                                "status": status}, sub="status")
+        # The next condition write in this reconcile goes with this resourceVersion, not the stale one.
+        if self.profiles is not None and after.get("metadata"):
+            self.profiles.store[view.name] = ProfileView.from_obj(after)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def healthy(self) -> bool:
@@ -596,7 +627,7 @@ class Controller:
             all(t.is_alive() for t in self._threads) and (self.elector is None or self.elector.alive())
 
     def ready(self) -> bool:
-        return all(r.synced.is_set() for r in self.reflectors)
+        return all(r.synced.is_set() for r in self.required)
 
     def start(self) -> "Controller":
         self.log.info("controller.start", identity=self.opt.identity, dry_run=self.opt.dry_run,
@@ -623,7 +654,7 @@ class Controller:
 
     def _run_after_sync(self) -> None:
         # Acting before the caches are full would mistake "not listed yet" for "absent".
-        while not self._stop.is_set() and not wait_synced(self.reflectors, 1.0):
+        while not self._stop.is_set() and not wait_synced(self.required, 1.0):
             pass
         if self._stop.is_set():
             return
@@ -679,6 +710,7 @@ class Controller:
             if not wait_synced(self.reflectors, sync_timeout_s):
                 raise NodewarmError(f"caches did not sync within {sync_timeout_s:.0f}s; check the API server "
                                     "and the credentials' list/watch permissions", "CacheSyncTimeout")
+            self.daemonsets.synced.wait(min(5.0, sync_timeout_s))    # a diagnosis only: not worth failing for
             self.is_leader.set()
             out: dict = {"dryRun": self.opt.dry_run, "profiles": {}, "nodeClaims": {}}
             for p in self.all_profiles():
@@ -701,5 +733,5 @@ class Controller:
             self.events.stop()
 
     def wait_synced(self, timeout_s: float = 30) -> bool:
-        return wait_synced(self.reflectors, timeout_s)
+        return wait_synced(self.required, timeout_s)
 

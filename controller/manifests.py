@@ -9,6 +9,8 @@ What it may do, and why each rule exists:
   of the startup taint / RAID0 + user data / ephemeral storage size). No create: render creates them.
 * warmprofiles: get/list/watch, patch (its finalizer, so a deleted profile's startup taint is cleaned up);
   warmprofiles/status: patch (the Injected condition and what was injected).
+* daemonsets (apps): get/list/watch, read only: finds the device plugins that must start on a warming node and
+  reports on the WarmProfile when they do not tolerate its startup taint (controller/deviceplugins.py).
 * events: create, in the ``default`` namespace only (where events about cluster-scoped objects go).
 * leases: in the controller's own namespace only (leader election).
 """
@@ -35,6 +37,7 @@ def cluster_rules() -> list[dict]:
         _rule(["eks.amazonaws.com"], ["nodeclasses"], read + ["patch"]),
         _rule(["nodewarm.io"], ["warmprofiles"], read + ["patch"]),
         _rule(["nodewarm.io"], ["warmprofiles/status"], ["patch"]),
+        _rule(["apps"], ["daemonsets"], read),
     ]
 
 

@@ -36,6 +36,10 @@ class Metrics:
         self.reconcile_errors = Counter("nodewarm_reconcile_errors_total", "Reconciles that failed and were retried",
                                         ["kind"], registry=r)
         self.queue_depth = Gauge("nodewarm_workqueue_depth", "Keys waiting in the work queue", registry=r)
+        self.device_plugins_missing = Gauge(
+            "nodewarm_device_plugins_missing_toleration",
+            "Device plugin DaemonSets that may run on the profile's nodes but do not tolerate its startup taint "
+            "(those nodes advertise no GPUs until the taint lifts)", ["profile"], registry=r)
         self.leader = Gauge("nodewarm_leader", "1 while this replica holds the Lease", registry=r)
 
     def observe(self, nodepool: str, counters, durations) -> None:

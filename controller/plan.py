@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from nodewarm.generation import generation
+from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
 from .model import (
@@ -271,11 +273,19 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
                     (), (("deadline", "replace"),), deadline="replace")
     if action == "untaint":
         state = record("DeadlineUntaint", conds)
+        # The vLLM pods select the profile's generation label: without it they could never land here. The
+        # node is marked cold beside it (warm=cold, compile-cache=cold): its local copy is incomplete, so the
+        # vLLM pod's start script (nodeclasses/servestart.py) streams the model from S3 or waits for the copy.
+        gen = generation(p)
+        cold = ("streams the model from S3 (cold, through the publisher's identity)" if cold_mode(p) == "stream" else
+                "waits for the agent's copy (the pod has no identity that may read the model from S3)")
         labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: "cold",
-                  LABEL_WARM: "cold"}
+                  LABEL_WARM: "cold", GENERATION_LABEL: gen}
         ops = (identity_guard(node, True) + guarded_taint_removal(node, key) + _label_ops(node, labels)
                + _state_ops(node, state))
-        msg = f"{base}; removed {key} anyway, node labelled {LABEL_WARM}=cold (pods will load the model cold)"
+        msg = (f"{base}; removed {key} anyway and labelled the node {GENERATION_LABEL}={gen} (the vLLM pods select "
+               f"it) and {LABEL_WARM}=cold: until this node's copy is complete, the vLLM pod {cold}, and it "
+               "compiles without the compile cache")
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
                     (node_ev("WarmDeadlineUntaint", msg, "Warning"), claim_ev("WarmDeadlineUntaint", msg, "Warning")),
                     (), (("deadline", "untaint"),), deadline="untaint")

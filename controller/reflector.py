@@ -32,8 +32,11 @@ Handler = Callable[[str, Any, Any], None]     # (event type, old view | None, ne
 
 class Reflector:
     def __init__(self, kube: Kube, res: Resource, view_fn: Callable[[dict], Any], handler: Handler,
-                 watch_timeout_s: int = 300, absent_retry_s: float = 30.0, page_size: int = 250):
+                 watch_timeout_s: int = 300, absent_retry_s: float = 30.0, page_size: int = 250,
+                 key_fn: Callable[[dict], str] | None = None):
         self.kube, self.res, self.view_fn, self.handler = kube, res, view_fn, handler
+        # The store's key: the name (cluster-scoped kinds); namespace/name for a namespaced kind listed cluster-wide.
+        self.key_fn = key_fn or (lambda o: o["metadata"]["name"])
         self.page_size = page_size
         self.pages = 0              # list requests sent, all pages of all (re)lists
         self.watch_timeout_s, self.absent_retry_s = watch_timeout_s, absent_retry_s
@@ -121,7 +124,7 @@ class Reflector:
                 raise
             self.pages += 1
             for obj in doc.pop("items", None) or ():
-                name = obj["metadata"]["name"]
+                name = self.key_fn(obj)
                 seen.add(name)
                 self._apply("MODIFIED" if name in self.store else "ADDED", obj)
             meta = doc.get("metadata") or {}
@@ -138,7 +141,7 @@ class Reflector:
         self.synced.set()
 
     def _apply(self, kind: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
+        name = self.key_fn(obj)
         old = self.store.get(name)
         if kind == "DELETED":
             self.store.pop(name, None)

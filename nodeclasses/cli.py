@@ -44,6 +44,7 @@ First install, in one command: the CRD first, then (once the API server serves t
 Example:
   nodewarm render -f examples/qwen3-karpenter.yaml | kubectl apply --server-side -f -
   nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
+  nodewarm render -f profile.yaml --device-plugin-patch kube-system/nvidia-device-plugin-daemonset | sh
 """
 
 
@@ -91,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.file:
         raise ProfileError("-f/--file", None, "name the WarmProfile to render (or pass --crd for the CRD alone)")
     p, types = load_checked(args.file, args.instance_source, args.measure)
+    if args.device_plugin_patch:
+        from . import deviceplugin
+
+        sys.stdout.write(deviceplugin.commands(args.device_plugin_patch, p.readiness.taint_key))
+        return 0
     out = render(p, types)
     if args.with_controller:
         from nodewarm.controller import manifests
@@ -148,4 +154,8 @@ def register(sub) -> None:
     r.add_argument("--with-controller", metavar="IMAGE",
                    help="also render the controller (Namespace, least-privilege RBAC, 2-replica Deployment) "
                         "running IMAGE; the CRD comes from --crd, applied first")
+    r.add_argument("--device-plugin-patch", metavar="[NAMESPACE/]DAEMONSET",
+                   help="print only the kubectl JSON patch that lets this device plugin DaemonSet (default namespace "
+                        "kube-system) tolerate the profile's startup taint, so warming nodes advertise their GPUs "
+                        "(the WarmProfile's DevicePluginsTolerate condition names the DaemonSets that need it)")
     r.set_defaults(func=run)

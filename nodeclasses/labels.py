@@ -20,3 +20,5 @@ IMAGE_ANNOTATION = "nodewarm.io/image-prepull"
 # The generation the agent warmed, recorded on a node still under the startup taint: the controller turns it
 # into the generation label in the write that lifts the taint (bootstrap/nodestatus.py says why).
 WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"
+# Whether the Node advertised the GPUs the vLLM pod requests before Warm (bootstrap/gpuwait.py), by the node agent.
+GPUS_ANNOTATION = "nodewarm.io/gpus"

@@ -77,6 +77,37 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     assert TAINT in node.get(NODES, NODE)["spec"]["taints"]
 
 
+@pytest.mark.parametrize("advertised", [False, True])
+def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
+        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path, capsys, advertised):
+    """A p5 node (8 GPUs by its instance type), tensorParallelSize 2: Warm says whether the Node advertised the 2
+    GPUs the vLLM pod requests. When its device plugin never registers (it does not tolerate the startup taint)
+    the node is Warm all the same, with the warning: Warm=False would wait for a lift the plugin waits for."""
+    fresh_node(NODE, [TAINT], labels={"node.kubernetes.io/instance-type": "p5.48xlarge"})
+    if advertised:      # the kubelet, its device plugin registered (status subresource, as a kubelet writes it)
+        k.request("PATCH", NODES.path(NODE, sub="status"),
+                  body={"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}},
+                  content_type="application/strategic-merge-patch+json")
+    uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
+    doc = profile_doc("agent-gpu", uri, **{"bootstrap.allowNonNvme": True, "serving.tensorParallelSize": 2})
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
+    rc = run_agent(kube, tmp_path, "agent-gpu", "--json", "--gpu-wait-seconds", "1")
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["warm"] is True
+    cond = warm_condition(k)
+    assert cond["status"] == "True"
+    ann = k.get(NODES, NODE)["metadata"]["annotations"]
+    timeline = json.loads(ann["nodewarm.io/timeline"])
+    if advertised:
+        assert ann["nodewarm.io/gpus"] == "advertised GpusAdvertised 8/2" and "WARNING" not in cond["message"]
+        assert "gpus_advertised" in timeline
+    else:
+        assert ann["nodewarm.io/gpus"] == "timeout GpusNotAdvertised 0/2"
+        assert "WARNING GpusNotAdvertised" in cond["message"] and "device plugin" in cond["message"]
+        assert "gpus_wait_ended" in timeline and "gpus_advertised" not in timeline
+
+
 def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, node, warmprofile, tmp_path, capsys):
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
     warmprofile(profile_doc("agent-b", uri))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from nodewarm import generation
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.controller import Controller
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
@@ -178,6 +179,9 @@ def test_deadline_actions(admin, k, action):
             wait_for(lambda: TAINT not in taint_keys(k, n.node), what="cold untaint")
             node = k.get(NODES, n.node)
             assert node["metadata"]["labels"]["nodewarm.io/warm"] == "cold"
+            # ... and the profile's generation label in the same write, so the vLLM pods (which select it) land
+            # and stream the model from S3.
+            assert node["metadata"]["labels"]["nodewarm.io/generation"] == generation.generation(inst.profile)
             assert json.loads(node["metadata"]["annotations"][STATE_ANNOTATION])["decision"] == "DeadlineUntaint"
         elif action == "replace":
             wait_for(lambda: k.get(NODECLAIMS, n.claim)["metadata"].get("deletionTimestamp"), what="NodeClaim deleted")

@@ -116,11 +116,29 @@ def test_the_generation_the_agent_warmed_is_labelled_in_the_write_that_lifts_the
     assert after["metadata"]["labels"].get("nodewarm.io/generation") == label
 
 
-def test_a_node_not_warm_gets_no_generation_label_at_its_deadline():
+def test_a_deadline_untaint_labels_the_profiles_generation_and_marks_the_node_cold():
+    """onDeadline=untaint must let the vLLM pods land (they select the profile's generation label): the label
+    of the profile, never a generation the agent recorded (it did not finish), with the cold marks beside it in
+    the same write, and an Event that says what happens: the pod streams from S3."""
+    from nodewarm.generation import generation
+
     node = node_obj(warm="False", annotations={"nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
     pl = plan(node, now=T0 + 21 * 60)
-    assert pl.action == planner.UNTAINT
-    assert "nodewarm.io/generation" not in apply_json_patch(node, list(pl.node_ops))["metadata"]["labels"]
+    assert pl.action == planner.UNTAINT and pl.deadline == "untaint"
+    after = apply_json_patch(node, list(pl.node_ops))
+    labels = after["metadata"]["labels"]
+    assert labels["nodewarm.io/generation"] == generation(prof()) != "4f2a9c1e0b7d3a65"
+    assert (labels["nodewarm.io/warm"], labels["nodewarm.io/compile-cache"]) == ("cold", "cold")
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    ev = next(e for e in pl.events if e.kind == "Node")
+    # What the pod's start script will do (nodeclasses/servestart.py): no identity that reads S3 here, so it waits.
+    assert ev.reason == "WarmDeadlineUntaint" and "waits for the agent's copy" in ev.message
+    assert generation(prof()) in ev.message and "will load the model cold" not in ev.message
+    streaming = prof(spec__compileCache__verifyKey="A" * 43 + "=", spec__aws__identity="podIdentity",
+                     spec__aws__clusterName="c", spec__aws__publisherRoleArn="arn:aws:iam::111122223333:role/pub",
+                     spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:1", "signingKeySecret": "k"})
+    ev = next(e for e in plan(node, p=streaming, now=T0 + 21 * 60).events if e.kind == "Node")
+    assert "streams the model from S3 (cold" in ev.message
 
 
 def test_the_guard_refuses_a_changed_taint_list():
