@@ -37,11 +37,83 @@ from . import launchrecord
 from .compilecache import bundle, cachekey, hitcheck, restore
 from .gpuwait import GPU_WAIT_S
 from .weights import WeightsConfig, WeightsSummary, warm_weights
+from .weights import progress as weights_progress
 from .weights.loadcheck import StreamerTuning
 
 log = logs.get("bootstrap.agent")
 
 RESULT_FILE = "agent-result.json"
+# How often, at most, the agent writes its in-flight progress on its Node (LiveProgress): one small status patch
+# per warming node per 30 s (a 1,000-node scale-up: ~33 writes/s while they pull), none when nothing changed.
+PROGRESS_REPORT_S = 30.0
+
+
+class LiveProgress:
+    """While the node warms: the weights' bytes done/total and the timeline so far, on the Node for
+    `nodewarm status` (annotations ``nodewarm.io/weights-progress`` and ``nodewarm.io/timeline``).
+
+    Rate-limited (one write per ``interval_s``, the first after one interval, none when nothing changed),
+    best effort (a failed write is logged and the warm-up goes on; a refused one stops the writes) and
+    stopped before the final report, so it can never overwrite the final timeline with an older one.
+    ``write(annotations)`` sends them (nodestatus.report_progress with the agent's identity)."""
+
+    def __init__(self, write, interval_s: float = PROGRESS_REPORT_S):
+        self._write, self._interval = write, interval_s
+        self.timeline: dict[str, str] | None = None     # the warm-up's, bound by warm(); mutated by its phases
+        self._snap: weights_progress.Snapshot | None = None
+        self._last: tuple | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-progress", daemon=True)
+        self.writes = 0
+
+    def on_progress(self, phase: str, snap) -> None:
+        if phase == "download":
+            self._snap = snap
+
+    def annotations(self) -> dict[str, str]:
+        out = {}
+        if self.timeline:
+            out[TIMELINE_ANNOTATION] = json.dumps(dict(self.timeline), separators=(",", ":"))
+        s = self._snap
+        if s is not None:
+            out[weights_progress.PROGRESS_ANNOTATION] = json.dumps(
+                {"doneBytes": s.done, "totalBytes": s.total, "mbps": round(s.rate_bps / 1e6, 1), "at": _stamp()},
+                separators=(",", ":"))
+        return out
+
+    def flush(self) -> bool:
+        """Write now if something changed since the last write; whether it wrote."""
+        ann = self.annotations()
+        s = self._snap
+        key = (ann.get(TIMELINE_ANNOTATION), (s.done, s.total) if s is not None else None)
+        if not ann or key == self._last:
+            return False
+        try:
+            self._write(ann)
+        except NodewarmError as e:      # refused: this identity may not write here; stop trying
+            log.warning("agent.progress_not_reported", error=str(e), stopping=True)
+            self._stop.set()
+            return False
+        except Exception as e:  # noqa: BLE001 - progress is a courtesy: the warm-up and its report go on
+            log.warning("agent.progress_not_reported", error=f"{type(e).__name__}: {e}")
+            return False
+        self._last = key
+        self.writes += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
+
+    def start(self) -> "LiveProgress":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No write is in flight or will start once this returns."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -66,6 +138,7 @@ class AgentConfig:
     prepull_namespace: str = "nodewarm-system"      # where the image pre-pull pod runs (spec.bootstrap.namespace)
     prepull_deadline_s: float = 600.0               # spec.bootstrap.imagePrepullTimeout
     gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
+    progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -140,18 +213,21 @@ def _launch_started() -> str | None:
 
 
 
-def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None) -> AgentResult:
+def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | None = None) -> AgentResult:
     """Run the phases; never raises an Exception: every failure becomes the result.
 
     ``image_wait(stop)`` waits for the serving image on this node, ``gpu_wait(stop)`` for the Node to advertise
-    the GPUs the vLLM pod requests (both need the API; run() binds them).
+    the GPUs the vLLM pod requests (both need the API; run() binds them). ``live`` hears the timeline and the
+    pull's progress while they run.
     """
     timeline = {"agent_started": _stamp()}
     launched = _launch_started()
     if launched:
         timeline["launch_started"] = launched
+    if live is not None:
+        live.timeline = timeline
     try:
-        return _warm(cfg, timeline, image_wait, gpu_wait)
+        return _warm(cfg, timeline, image_wait, gpu_wait, live)
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
         timeline["agent_failed"] = _stamp()
@@ -159,12 +235,14 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None) -> AgentResult:
                            f"{' '.join(str(e).split())}", timeline=timeline)
 
 
-def _weights(cfg: AgentConfig, timeline: dict[str, str]) -> WeightsSummary:
+def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None) -> WeightsSummary:
     timeline["weights_started"] = _stamp()
     try:
-        summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest, allow_non_nvme=cfg.allow_non_nvme,
-                                             host_root=cfg.host_root, load_check=cfg.load_check,
-                                             streamer=cfg.streamer))
+        # The pull makes its Progress in this thread: the listener set here is the one it calls.
+        with weights_progress.listening(live.on_progress if live is not None else None):
+            summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
+                                                 allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
+                                                 load_check=cfg.load_check, streamer=cfg.streamer))
     except NodewarmError:
         timeline["weights_failed"] = _stamp()
         raise
@@ -205,10 +283,11 @@ def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
     return result
 
 
-def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None) -> AgentResult:
+def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None,
+          live: LiveProgress | None = None) -> AgentResult:
     stop = threading.Event()  # the weights failed: stop waiting for the image and GPUs, the node is not warm anyway
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
-        weights = pool.submit(_weights, cfg, timeline)
+        weights = pool.submit(_weights, cfg, timeline, live)
         cache_f = pool.submit(_compile_cache, cfg, timeline) if cfg.compile_cache_uri else None
         image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
         gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline) if gpu_wait is not None else None
@@ -300,7 +379,17 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         report_warm(api_client, cfg.node_name, False, launch.reason, launch.condition_message(),
                     {LAUNCH_FAILURE_ANNOTATION: launch.annotation()})
         launchrecord.clear(cfg.state_dir)
-    result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client))
+    live = None
+    if api_client is not None and cfg.progress_report_s > 0:
+        from .nodestatus import report_progress
+
+        live = LiveProgress(lambda ann: report_progress(api_client, cfg.node_name, ann), cfg.progress_report_s)
+        live.start()
+    try:
+        result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client), live)
+    finally:
+        if live is not None:
+            live.stop()     # before the final report: a late progress write must not overwrite its timeline
     if launch is not None:
         result.timeline["launch_failed"] = launch.time
     result.timeline["warm_reported"] = _stamp()

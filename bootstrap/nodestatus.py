@@ -120,3 +120,27 @@ def report_compile_cache(api_client, node_name: str, outcome: str, reason: str) 
         raise
     log.info("compile_cache.reported", node=node_name, outcome=outcome, reason=reason)
     return node
+
+
+def report_progress(api_client, node_name: str, annotations: dict[str, str]) -> dict:
+    """In-flight facts (the weights' bytes done, the timeline so far) as ``nodewarm.io/*`` annotations on this
+    node, through ``nodes/status`` with the agent's own identity, like report_warm but without the condition.
+
+    One strategic-merge patch, no read and no resourceVersion: only these annotations are in it and the agent alone
+    writes them. An annotation is not among the Node changes the kube-scheduler requeues pending pods for (v1.20
+    here: labels, taints, conditions, allocatable, unschedulable; a label or condition would, see the module doc;
+    newer schedulers only for plugins that ask for annotation changes, none of the default ones by a reading of
+    upstream). Raises like report_warm (NodeStatusForbidden on 401/403)."""
+    from kubernetes.client.exceptions import ApiException
+
+    bad = [k for k in annotations if not k.startswith("nodewarm.io/")]
+    if bad:
+        raise ValueError(f"only nodewarm.io/* annotations are the agent's to write, not {bad}")
+    try:
+        return _call(api_client, "PATCH", f"/api/v1/nodes/{node_name}/status",
+                     {"metadata": {"annotations": dict(annotations)}}, STRATEGIC)
+    except ApiException as e:
+        if e.status in (401, 403):
+            raise NodewarmError(f"cannot report progress on node {node_name}: {e.status} {e.reason}",
+                                "NodeStatusForbidden") from None
+        raise

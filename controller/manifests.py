@@ -13,6 +13,11 @@ What it may do, and why each rule exists:
   reports on the WarmProfile when they do not tolerate its startup taint (controller/deviceplugins.py).
 * events: create, in the ``default`` namespace only (where events about cluster-scoped objects go).
 * leases: in the controller's own namespace only (leader election).
+
+Besides: a Service in front of the replicas' ``metrics`` port (what a Prometheus scrape or a ServiceMonitor
+selects) and the ServiceMonitor itself (for the Prometheus Operator; the Helm chart renders it only with
+serviceMonitor.enabled, since its CRD may be absent). ``controller/install.py`` writes the Helm chart
+(deploy/helm/nodewarm) from these functions and ``nodewarm.schema.crd()``: they are its one source.
 """
 
 from __future__ import annotations
@@ -106,7 +111,29 @@ def deployment(image: str, namespace: str = "nodewarm", replicas: int = 2, metri
     }
 
 
+def metrics_service(namespace: str = "nodewarm", metrics_port: int = 8080) -> dict:
+    """A ClusterIP Service over every replica's ``metrics`` port (each replica serves /metrics, leader or not)."""
+    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"{NAME}-metrics", "namespace": namespace, "labels": labels},
+        "spec": {"selector": {"app.kubernetes.io/name": NAME},
+                 "ports": [{"name": "metrics", "port": metrics_port, "targetPort": "metrics", "protocol": "TCP"}]},
+    }
+
+
+def service_monitor(namespace: str = "nodewarm") -> dict:
+    """The Prometheus Operator's ServiceMonitor for :func:`metrics_service` (needs monitoring.coreos.com/v1)."""
+    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": NAME, "namespace": namespace, "labels": labels},
+        "spec": {"selector": {"matchLabels": dict(labels)}, "namespaceSelector": {"matchNames": [namespace]},
+                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]},
+    }
+
+
 def render(image: str, namespace: str = "nodewarm", replicas: int = 2) -> list[dict]:
     """Everything to run the controller, in apply order (Namespace first)."""
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-    return [ns, *rbac(namespace), deployment(image, namespace, replicas)]
+    return [ns, *rbac(namespace), metrics_service(namespace), deployment(image, namespace, replicas)]

@@ -42,7 +42,7 @@ First install, in one command: the CRD first, then (once the API server serves t
 (one apply of both fails: kubectl looks up every document's kind before it creates the CRD).
 
 Example:
-  nodewarm render -f examples/qwen3-karpenter.yaml | kubectl apply --server-side -f -
+  nodewarm render -f examples/karpenter-al2023.yaml | kubectl apply --server-side -f -
   nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
   nodewarm render -f profile.yaml --device-plugin-patch kube-system/nvidia-device-plugin-daemonset | sh
 """

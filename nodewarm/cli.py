@@ -17,6 +17,7 @@ TOP_LEVEL = [
     "nodewarm.controller.cli",    # controller
     "nodewarm.userdata.cli",      # package
     "nodewarm.demo.cli",          # demo
+    "nodewarm.status",            # status
 ]
 
 DESCRIPTION = """\

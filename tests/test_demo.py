@@ -1,9 +1,12 @@
 """A shortened `nodewarm demo` end to end: real API server, scheduler, controller-manager (Deployments
-only), S3, bootstrap processes and controller. Asserts the ordering, never the timings."""
+only), S3, bootstrap processes and controller. Asserts the ordering, never the timings, and that what a
+person reads (stdout, not a terminal here) is plain text while the JSON logs go to the file it names."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 
 import pytest
 
@@ -35,3 +38,18 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     assert base["scheduler_wait_s"] > 0 and base["registered_to_serving_s"] > base["scheduler_wait_s"]
     assert f"registration to first compiled call: {base['ratio']:.2f}" in text
     assert "nodewarm_scheduler_wait_s" in base and "ratio_without_scheduler_waits" in base
+
+    # Not a terminal: plain lines, no escape codes, no JSON; the log file is named first and holds the JSON logs.
+    log_file = tmp_path / "out" / "demo-log.jsonl"
+    lines = text.splitlines()
+    assert lines[0].endswith(f": {log_file}") and "JSON logs" in lines[0]
+    assert "\x1b" not in text and "\r" not in text
+    assert not [x for x in lines if x.lstrip().startswith("{")]
+    for tl in result.timelines:       # each node's phases as plain lines, the last one when it served
+        assert f"   {tl.node}: serving (cache hit)" in text
+    docs = [json.loads(x) for x in log_file.read_text().splitlines()]
+    events = {(d.get("node"), d["event"]) for d in docs}
+    assert ("demo-node-0", "agent.done") in events and ("demo-node-1", "weights.done") in events
+    assert any(d["logger"].startswith("nodewarm.controller") for d in docs if "logger" in d)
+    assert any(e == "demo.model.seeded" for _, e in events)
+    assert re.search(r"node\s+boot to agent start\s+pull weights", text)

@@ -292,7 +292,8 @@ def test_models_that_fit_pass(size, tp, types):
 
 
 def test_the_examples_model_and_the_demo_profile_pass():
-    # examples/qwen3-*.yaml: 67 GB at TP=2 on p5.48xlarge (Karpenter) and p5.48xlarge + p5e.48xlarge (Auto Mode).
+    # The README's profile: 67 GB at TP=2 on p5.48xlarge (Karpenter) and p5.48xlarge + p5e.48xlarge (Auto Mode);
+    # the examples/ files are checked in tests/test_examples.py.
     checked(v("automode", spec__nodes__instanceTypes=["p5.48xlarge", "p5e.48xlarge"]))
     from nodewarm.demo import run
 

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, TextIO
+from typing import Callable, Iterator, TextIO
 
 from nodewarm import logs
 
 log = logs.get("bootstrap.weights")
+
+# The weights' in-flight progress on the Node, written by the node agent (bootstrap/agent.py LiveProgress) and
+# read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
+PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
+
+# Who else hears each Progress's snapshots: set by the caller around the code that creates the Progress (the
+# agent around warm_weights), captured when a Progress is made. A context variable, not a global, so two
+# agents in one process (tests) each hear their own pull.
+_LISTENER: contextvars.ContextVar[Callable[[str, "Snapshot"], None] | None] = \
+    contextvars.ContextVar("nodewarm_progress_listener", default=None)
+
+
+@contextlib.contextmanager
+def listening(fn: Callable[[str, "Snapshot"], None] | None) -> Iterator[None]:
+    """Progress objects made inside this block call ``fn(phase, snapshot)`` on every tick and once at the end
+    (from their own thread: ``fn`` must be quick and must not block)."""
+    token = _LISTENER.set(fn)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,7 @@ class Progress:
         self._tty = hasattr(self._stream, "isatty") and self._stream.isatty()
         self._interval = interval_s
         self._thread = threading.Thread(target=self._run, name=f"progress-{phase}", daemon=True)
+        self._listener = _LISTENER.get()
 
     def __enter__(self) -> "Progress":
         self._thread.start()
@@ -55,6 +79,7 @@ class Progress:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self._tell(self.snapshot())
         if self._tty:
             self._stream.write("\r" + render_bar(self.snapshot()) + "\n")
             self._stream.flush()
@@ -78,6 +103,7 @@ class Progress:
         tick = 0.5 if self._tty else self._interval
         while not self._stop.wait(tick):
             s = self.snapshot()
+            self._tell(s)
             if self._tty:
                 self._stream.write("\r" + render_bar(s))
                 self._stream.flush()
@@ -86,3 +112,11 @@ class Progress:
                 log.info(f"{self.phase}.progress", bytes=s.done, total_bytes=s.total,
                          rate_mb_s=round(s.rate_bps / 1e6, 1),
                          eta_s=round(s.eta_s, 1) if s.eta_s is not None else None)
+
+    def _tell(self, s: Snapshot) -> None:
+        if self._listener is None:
+            return
+        try:
+            self._listener(self.phase, s)
+        except Exception as e:  # noqa: BLE001 - a listener's bug must not stop the pull or its log lines
+            log.warning(f"{self.phase}.progress_listener_failed", error=f"{type(e).__name__}: {e}")

@@ -11,7 +11,16 @@ Run nodewarm end to end on this machine, with no AWS account: a real kube-apiser
 real kube-scheduler when built), a real S3 server on 127.0.0.1, Karpenter's part played as its docs
 describe, the real bootstrap on each simulated node and the real controller.
 
-Everything it starts is stopped at the end, also on Ctrl-C. Needs the setup done by scripts/setup.sh.
+What it prints is for a person: the steps, and while the nodes warm a table per node (phase, weights
+progress, compile cache, seconds since the node registered), redrawn in place on a terminal and printed as
+plain lines (no escape codes) when stdout is not one. The JSON logs (the demo's, the controller's and every
+node agent's, one object per line) go to a file, named at the start (default OUT/demo-log.jsonl); with
+--log-json they go to stderr instead, as with every other command.
+
+Writes OUT/timeline.json and OUT/timeline.png (a lane per phase, the no-warm baseline as its own bar).
+Exit codes: 0 every replica bound, each after its node's taint was lifted; 1 otherwise (a pod bound too
+early, a replica not bound, a step that failed). Everything it starts is stopped at the end, also on
+Ctrl-C. Needs the setup done by scripts/setup.sh.
 """
 
 
@@ -20,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = DemoOptions(
         nodes=args.nodes, model_mb=args.model_mb, workdir=Path(args.workdir) if args.workdir else None,
-        out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep,
+        out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,
+        log_file=Path(args.log_file) if args.log_file else None,
     )
     return run_demo(opts, sys.stdout)
 
@@ -34,4 +44,8 @@ def register(sub) -> None:
     d.add_argument("--workdir", help="scratch folder for servers and node disks (default: a temp dir)")
     d.add_argument("--no-baseline", action="store_true", help="skip the no-warm comparison run")
     d.add_argument("--keep", action="store_true", help="keep the scratch folder afterwards")
+    d.add_argument("--log-file", help="where the JSON logs go (default OUT/demo-log.jsonl; overwritten each run)")
+    d.add_argument("--log-json", action="store_true",
+                   help="JSON logs on stderr instead of in the log file (for machines; the table is then "
+                        "printed as plain lines, never redrawn)")
     d.set_defaults(func=run)

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from nodewarm import logs, profile
 from nodewarm.kubeapply import apply
@@ -38,7 +38,7 @@ from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
 
-from . import seed, servers, timeline
+from . import live, seed, servers, timeline
 from .timeline import NodeTimeline
 
 log = logs.get("demo")
@@ -47,6 +47,8 @@ MODEL_BUCKET, CACHE_BUCKET, PROFILE_NAME = "models", "compile-cache", "demo-llm"
 BASELINE_POOL = "demo-baseline"
 NAMESPACE = "demo"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
+LOG_FILE = "demo-log.jsonl"
+BOOTSTRAP_TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,12 @@ class DemoOptions:
     baseline: bool = True
     keep: bool = False
     bind_timeout_s: float = 300.0
+    log_json: bool = False           # JSON logs on stderr (as every other command) instead of in log_file
+    log_file: Path | None = None     # default: out_dir / LOG_FILE
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_file or self.out_dir / LOG_FILE
 
 
 @dataclass
@@ -289,18 +297,61 @@ class Watcher:
         self._loop(client.CoreV1Api(self.api).list_namespaced_pod, handle, namespace=NAMESPACE)
 
 
-def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, mount: Path) -> dict:
-    """The real `nodewarm bootstrap run` as a process, with this node's own kubelet identity."""
+def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, mount: Path,
+                   view: live.LiveView | None = None, log_line: Callable[[str], None] | None = None) -> dict:
+    """The real `nodewarm bootstrap run` as a process, with this node's own kubelet identity. Its JSON log lines
+    (stderr) feed the live view and go where the demo's own logs go, tagged with the node."""
     kcfg = srv.kube.write_kubeconfig(srv.workdir / f"kubeconfig-{node}", srv.kube.node_token(node), f"system:node:{node}")
     # The agent reads model, serving and compile-cache settings from the WarmProfile object, as on a real
     # node; --once because the demo waits for each node's result.
     argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name, "--mount", str(mount),
             "--node-name", node, "--kubeconfig", str(kcfg), "--allow-non-nvme", "--once", "--json",
             "--state-dir", str(mount / "state")]
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **srv.s3.env()}, timeout=900)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **srv.s3.env()})
+    if view:
+        view.agent_started(node, proc.pid)
+    tail: list[str] = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            line = line.rstrip("\n")
+            tail.append(line)
+            del tail[:-60]
+            doc = live.parse_line(line)
+            if view and doc:
+                view.agent_line(node, doc)
+            if log_line:
+                log_line(json.dumps({**doc, "node": node} if doc else {"event": "demo.agent.output", "node": node,
+                                                                          "line": line}, default=str))
+
+    reader = threading.Thread(target=read_stderr, name=f"agent-log-{node}", daemon=True)
+    reader.start()
+    timed_out = threading.Event()
+
+    def kill() -> None:       # a hung agent must not hang the demo
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(BOOTSTRAP_TIMEOUT_S, kill)
+    timer.start()
+    try:
+        stdout = proc.stdout.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
     if proc.returncode:
-        raise RuntimeError(f"bootstrap on {node} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+        why = f"timed out after {BOOTSTRAP_TIMEOUT_S}s" if timed_out.is_set() else f"exit {proc.returncode}"
+        if view:
+            view.agent_ended(node, f"bootstrap {why}")
+        raise RuntimeError(f"bootstrap on {node} failed ({why}): " + "\n".join(tail)[-3000:])
+    if view:
+        view.agent_ended(node)
+    return json.loads(stdout)
 
 
 def _epoch(stamp: str) -> float:
@@ -342,20 +393,31 @@ def baseline_pull_s(srv: servers.Servers, work: Path, pods: int) -> float:
 
 # -- the whole run --------------------------------------------------------------------------------------
 def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
-    """Start the servers, run the scale-up, stop everything (also on Ctrl-C / SIGTERM)."""
+    """Start the servers, run the scale-up, stop everything (also on Ctrl-C / SIGTERM).
+
+    ``out`` gets what a person reads: step messages and, while the nodes warm, a live table (redrawn in place
+    on a terminal, plain lines otherwise). The JSON logs (the demo's, the controller's, each node agent's) go
+    to ``opts.log_path``, named first, or to stderr with ``opts.log_json``."""
     names = tuple(f"demo-node-{i}" for i in range(opts.nodes))
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
-    say = lambda msg: print(msg, file=out, flush=True)  # noqa: E731
+    # With the JSON logs on stderr (the same terminal, most likely), a table redrawn in place would be torn apart.
+    view = live.LiveView(out, {n: NodeTimeline(n) for n in names}, tty=False if opts.log_json else None)
+    if not opts.log_json:
+        view.say(f"JSON logs (the demo's, the controller's, each node agent's): {opts.log_path}")
     saved = dict(os.environ)
     import shutil
 
     storage = node_storage(work, 2 * len(names) * opts.model_mb * 1024 * 1024)
     try:
-        files = seed_model(work, opts.model_mb)
-        with servers.running(work, names) as srv:
-            # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
-            os.environ.update(srv.s3.env())
-            return _run(srv, opts, names, work, storage, files, say)
+        with logs.to_file(None if opts.log_json else opts.log_path) as log_line:
+            files = seed_model(work, opts.model_mb)
+            with servers.running(work, names) as srv:
+                # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
+                os.environ.update(srv.s3.env())
+                try:
+                    return _run(srv, opts, names, work, storage, files, view, log_line)
+                finally:
+                    view.close()
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -372,13 +434,14 @@ def run_demo(opts: DemoOptions, out: TextIO) -> int:
 
 
 def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, storage: Path,
-         files: list[Path], say) -> DemoResult:
+         files: list[Path], view: live.LiveView, log_line: Callable[[str], None]) -> DemoResult:
     from kubernetes import client
 
     from nodewarm.bootstrap.compilecache import cachekey
     from nodewarm.controller.controller import Controller, ControllerOptions
     from nodewarm.testenv.karpenter import KarpenterSim
 
+    say = view.say
     admin = srv.kube.api_client()
     say(f"1. servers up: kube-apiserver {srv.kube.server}, S3 {srv.s3.endpoint}"
         f"{', kube-scheduler' if srv.scheduler else ' (no kube-scheduler built: pods are not bound)'}")
@@ -406,7 +469,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     ctl_thread = threading.Thread(target=ctl.run_until, args=(stop,), daemon=True)
     ctl_thread.start()
 
-    timelines = {n: NodeTimeline(n) for n in names}
+    timelines = view.timelines
     watcher = Watcher(admin, p.readiness.taint_key, timelines)
     watcher.start()
     apply(admin, [stand_in_deployment(p)])
@@ -428,10 +491,12 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         sim.run_daemonset_pod(n, p.bootstrap.namespace, prepull.daemonset_name(p.name))
     say(f"5. scale-up of {opts.nodes}: NodeClaims launched, Nodes registered with {p.readiness.taint_key}:NoSchedule;"
         f" bootstrap running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
+    say("   per node, live (time: seconds since the node registered):")
+    view.start()
 
     reports: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        futures = {n: pool.submit(bootstrap_node, srv, p, n, mounts[n]) for n in names}
+        futures = {n: pool.submit(bootstrap_node, srv, p, n, mounts[n], view, log_line) for n in names}
         for n, f in futures.items():
             reports[n] = f.result()
             tl, r = timelines[n], reports[n]["timeline"]
@@ -464,6 +529,10 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         if "pod_bound" in timelines[n].times:
             # The pod's first compiled call, had it started the moment it was bound (measured just now).
             timelines[n].mark("serving", timelines[n].times["pod_bound"] + probe["first_call_s"])
+        view.served(n, probe["first_call_s"], hit)
+    view.close()
+    say("7. first compiled call on each node done" + (": measuring the no-warm baseline (its nodes, the scheduler, "
+                                                     "S3 pulls in the pods, a cold compile)" if opts.baseline else ""))
 
     base = None
     if opts.baseline:
@@ -519,5 +588,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             "restores contend with each other; the baseline pulls with the same concurrency.")
     bad = {n: v["order_violations"] for n, v in summary["nodes"].items() if v["order_violations"]}
     say(f"\nOrdering: {'OK (no pod bound before its taint was lifted)' if not bad else bad}")
-    say(f"Wrote {opts.out_dir / 'timeline.json'} and {opts.out_dir / 'timeline.png'}")
+    say(f"Wrote {opts.out_dir / 'timeline.json'} and {opts.out_dir / 'timeline.png'}"
+        + ("" if opts.log_json else f"; the JSON logs are in {opts.log_path}"))
     return DemoResult(list(timelines.values()), summary, reports)
