@@ -28,7 +28,7 @@ from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
-    TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
@@ -76,7 +76,7 @@ class LiveProgress:
             out[TIMELINE_ANNOTATION] = json.dumps(dict(self.timeline), separators=(",", ":"))
         s = self._snap
         if s is not None:
-            out[weights_progress.PROGRESS_ANNOTATION] = json.dumps(
+            out[PROGRESS_ANNOTATION] = json.dumps(
                 {"doneBytes": s.done, "totalBytes": s.total, "mbps": round(s.rate_bps / 1e6, 1), "at": _stamp()},
                 separators=(",", ":"))
         return out

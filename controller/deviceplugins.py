@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodewarm.nodeclasses import deviceplugin
+from nodewarm.nodeclasses.nodepool import startup_taint
 from nodewarm.profile import WarmProfile
 
 from .model import Condition
@@ -141,10 +142,6 @@ def may_run_on(ds: DaemonSetView, p: WarmProfile) -> bool:
         # Terms are ORed, expressions in a term ANDed; an empty term matches nothing.
         return any(term and all(_expr_may_match(e, known) for e in term) for term in ds.affinity_terms)
     return True
-
-
-def startup_taint(p: WarmProfile) -> dict:
-    return {"key": p.readiness.taint_key, "effect": "NoSchedule"}
 
 
 def toleration(p: WarmProfile) -> dict:

@@ -22,3 +22,6 @@ IMAGE_ANNOTATION = "nodewarm.io/image-prepull"
 WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"
 # Whether the Node advertised the GPUs the vLLM pod requests before Warm (bootstrap/gpuwait.py), by the node agent.
 GPUS_ANNOTATION = "nodewarm.io/gpus"
+# The weights' in-flight progress, written by the node agent while it pulls (bootstrap/agent.py LiveProgress) and
+# read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
+PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from nodewarm import status
+from nodewarm.nodeclasses import labels
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.weights import progress as wprogress
 from nodewarm.errors import NodewarmError
@@ -338,7 +339,7 @@ def test_names_match_their_owners_and_the_module_stays_light():
     from nodewarm.generation import GENERATION_LABEL
 
     assert status.STATE_ANNOTATION == STATE_ANNOTATION and status.GENERATION_LABEL == GENERATION_LABEL
-    assert status.PROGRESS_ANNOTATION == wprogress.PROGRESS_ANNOTATION
+    assert status.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION     # one name: the agent writes it from there
     # `nodewarm --help` imports every command's module: this one must not pull in boto3 or the controller.
     heavy = ("boto", "nodewarm.controller", "nodewarm.profile")
     code = f"import sys, nodewarm.status; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"

@@ -14,10 +14,6 @@ from nodewarm import logs
 
 log = logs.get("bootstrap.weights")
 
-# The weights' in-flight progress on the Node, written by the node agent (bootstrap/agent.py LiveProgress) and
-# read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
-PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
-
 # Who else hears each Progress's snapshots: set by the caller around the code that creates the Progress (the
 # agent around warm_weights), captured when a Progress is made. A context variable, not a global, so two
 # agents in one process (tests) each hear their own pull.
