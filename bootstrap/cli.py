@@ -19,7 +19,7 @@ Run on the node (user data, bootstrap container or DaemonSet); each step is idem
 
 WEIGHTS_DESCRIPTION = """\
 Pull a model from S3 onto the node's NVMe instance store, verify every file, and prove the
-safetensors load with runai-model-streamer (which also primes the page cache for vLLM).
+safetensors load (a header check of each, runai-model-streamer on one).
 
 What it does, in order:
   1. DEST must be on NVMe instance storage: an md RAID0 of "Amazon EC2 NVMe Instance Storage" disks
@@ -40,8 +40,10 @@ What it does, in order:
      name, and fetched again (up to 3 downloads) when it does not match. An object with neither
      (SSE-KMS without checksums) gets its SHA-256 recorded and is reported as NOT verified.
      Nothing half-written ever has a final name.
-  6. Streams every *.safetensors through runai-model-streamer on the CPU, tuned like the vLLM pod's
-     loader (--streamer-*); reports read GB/s. A model with no *.safetensors fails (NoSafetensors).
+  6. As each *.safetensors lands: checks its header against its size (dtypes, shapes, offsets that
+     tile the data exactly); streams the first one through runai-model-streamer on the CPU, tuned like
+     the vLLM pod's loader (--streamer-*), and reports its read GB/s. The download already left every
+     page in the page cache. A model with no *.safetensors fails (NoSafetensors).
 A summary (per-phase seconds, bytes, throughput) is written to DEST/.nodewarm/summary.json.
 
 Environment: the standard AWS variables, read by boto3: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3),
@@ -101,7 +103,7 @@ def _add_weights(bsub) -> None:
     tune.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                       help="skip keys whose name or relative path match (repeatable)")
     tune.add_argument("--skip-load-check", action="store_true",
-                      help="do not stream the safetensors through runai-model-streamer")
+                      help="skip the header checks and the runai-model-streamer read")
     tune.add_argument("--streamer-concurrency", type=_positive_int, metavar="N",
                       help="load check: the streamer concurrency the vLLM pod uses (model-loader-extra-config)")
     tune.add_argument("--streamer-chunk-bytes", type=_positive_int, metavar="BYTES",

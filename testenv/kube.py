@@ -9,6 +9,7 @@ TokenRequest API. Facts about this server (no CEL, silent pruning, no controller
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -273,11 +274,28 @@ def _start_component(cluster: KubeCluster, binary: str, args: list[str]) -> subp
     return proc
 
 
-def start_scheduler(cluster: KubeCluster) -> subprocess.Popen:
-    """The real kube-scheduler: pod placement is decided by it, not by nodewarm or its tests."""
+def start_scheduler(cluster: KubeCluster, max_backoff_s: int | None = None) -> subprocess.Popen:
+    """The real kube-scheduler: pod placement is decided by it, not by nodewarm or its tests.
+
+    ``max_backoff_s`` sets ``podInitialBackoffSeconds`` and ``podMaxBackoffSeconds`` (v1.20 defaults: 1 and
+    10). The demo lowers them for both of its worlds alike: this v1.20 scheduler retries every pending pod on
+    any node condition change and then holds it in back-off even once nothing else is waiting; schedulers
+    with queueing hints (on by default from 1.32) do not retry on a condition, and from 1.33 (KEP-5142) an
+    idle scheduler pops pods from back-off at once. Tests keep the defaults.
+    """
     kcfg = _component_kubeconfig(cluster, "kube-scheduler", ("system:kube-scheduler", "system:volume-scheduler"))
+    args = ["--kubeconfig", str(kcfg), "--leader-elect=false"]
+    if max_backoff_s is not None:
+        # With --config the scheduler ignores its deprecated flags (--kubeconfig, --leader-elect): all in the file.
+        config = cluster.workdir / "kube-scheduler-config.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1beta1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kcfg)}, "leaderElection": {"leaderElect": False},
+            "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": max(1, int(max_backoff_s)),
+        }))
+        args = ["--config", str(config)]
     return _start_component(cluster, "kube-scheduler", [
-        "--kubeconfig", str(kcfg), "--leader-elect=false", "--port", "0",
+        *args, "--port", "0",
         "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
         "--authentication-kubeconfig", str(kcfg), "--authorization-kubeconfig", str(kcfg),
         "--authentication-tolerate-lookup-failure=true",

@@ -53,3 +53,11 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     assert any(d["logger"].startswith("nodewarm.controller") for d in docs if "logger" in d)
     assert any(e == "demo.model.seeded" for _, e in events)
     assert re.search(r"node\s+boot to agent start\s+pull weights", text)
+
+    # One scheduler for both worlds, run with the demo's back-off (its config file, not the v1.20 defaults) ...
+    assert "kube-scheduler (podMaxBackoffSeconds 1, for both worlds)" in text
+    config = json.loads((tmp_path / "work" / "kube" / "kube-scheduler-config.yaml").read_text())
+    assert (config["podInitialBackoffSeconds"], config["podMaxBackoffSeconds"]) == (1, 1)
+    # ... and the model in S3 as boto3's upload_file leaves it: the shards verified from their CRC32 parts.
+    verified = {d["file"]: d["verified_by"] for d in docs if d["event"] == "weights.file_ready"}
+    assert {v for f, v in verified.items() if f.endswith(".safetensors")} == {"checksum-crc32-composite"}

@@ -1,16 +1,27 @@
-"""Prove the weights load with the loader vLLM will use, and leave them in the page cache.
+"""Prove the weights load with the loader vLLM will use.
 
-Streams every *.safetensors from the NVMe copy through runai-model-streamer's local file engine on the
-CPU (the same header parsing and chunked reads vLLM's `--load-format runai_streamer` does). Tensors are
-consumed and dropped (owned=False: the streamer reuses its buffers), so memory stays bounded. The
-streamer is tuned as the vLLM pod's is (concurrency from --model-loader-extra-config, chunk size from
-RUNAI_STREAMER_CHUNK_BYTESIZE, both rendered from the profile), so the check reads the files the way
-serving will, and a setting the streamer rejects fails here, on the node, before the pod lands.
+Two checks, split by what each can still prove once the download has verified every byte against S3:
+
+* ``check_header`` (every *.safetensors, as it lands): the file is well-formed safetensors. The header
+  parses, every tensor's dtype and shape match its byte span, and the spans tile the data section exactly
+  (no hole, no overlap, nothing past the end), as the format demands. Microseconds, no read of the data.
+* ``check_loadable`` (one file per run): streams a file through runai-model-streamer's local file engine on
+  the CPU (the same header parsing and chunked reads vLLM's `--load-format runai_streamer` does), tuned as
+  the vLLM pod's is (concurrency from --model-loader-extra-config, chunk size from
+  RUNAI_STREAMER_CHUNK_BYTESIZE), so the streamer and those settings are proven on this node before the pod
+  lands. Tensors are consumed and dropped (owned=False), so memory stays bounded.
+
+Why not stream every file: the checksum already proved the bytes are S3's, the header check that each file
+parses, and the download left every page in the page cache (pwrite goes through it), so re-reading them
+all proves nothing more and costs a full memory pass of the model on the critical path (README, "Load
+check").
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,3 +105,64 @@ def check_loadable(paths: list[Path], tuning: StreamerTuning = StreamerTuning())
                 raise LoadCheckFailed(f"{path.name} does not load with runai-model-streamer: "
                                       f"{type(e).__name__}: {e}") from e
     return LoadCheck(len(paths), total, time.monotonic() - start)
+
+
+# Bytes per element of the safetensors dtypes; a dtype not listed (a newer format) is checked for bounds
+# and tiling only, so the check never refuses what a newer loader reads.
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2,
+             "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+
+
+def check_header(path: Path) -> int:
+    """Parse ``path``'s safetensors header and check it against the file's size; returns the tensor bytes.
+
+    Raises LoadCheckFailed naming the file and what is wrong."""
+    def bad(why: str) -> LoadCheckFailed:
+        return LoadCheckFailed(f"{path.name} is not a loadable safetensors file: {why}")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(_MAX_HEADER, size - 8):
+                raise bad(f"header length {n} does not fit the file ({size} bytes)")
+            raw = f.read(n)
+    except OSError as e:
+        raise LoadCheckFailed(f"{path.name} cannot be read: {e}") from e
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    data_len, spans = size - 8 - n, []
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = t["dtype"], t["shape"], t["data_offsets"]
+            elements = 1
+            for d in shape:
+                if not isinstance(d, int) or d < 0:
+                    raise ValueError(f"shape {shape}")
+                elements *= d
+            if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+                raise ValueError(f"data_offsets {[begin, end]}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise bad(f"tensor {name!r}: malformed entry ({e})") from None
+        if dtype in _ITEMSIZE and elements * _ITEMSIZE[dtype] != end - begin:
+            raise bad(f"tensor {name!r}: {dtype} {shape} needs {elements * _ITEMSIZE[dtype]} bytes, "
+                      f"data_offsets span {end - begin}")
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            raise bad(f"tensor {name!r} starts at {begin}, expected {at} (a hole or an overlap in the data)")
+        at = end
+    if at != data_len:
+        raise bad(f"tensors cover {at} bytes of a {data_len}-byte data section (truncated or padded file)")
+    return at

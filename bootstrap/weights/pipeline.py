@@ -24,7 +24,7 @@ from nodewarm.errors import NodewarmError
 from .. import confined, s3client
 from ..localwrite import write_error
 from . import capacity, listing, manifest, mounts, s3pull
-from .loadcheck import LoadCheckFailed, StreamerTuning, check_loadable
+from .loadcheck import LoadCheck, LoadCheckFailed, StreamerTuning, check_header, check_loadable
 from .verify import UNVERIFIED
 from .progress import Progress
 
@@ -248,9 +248,7 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             if checker:
                 with phase("load_check_tail"):
                     check = checker.result()
-                summary.load_check = {"files": check.files, "bytes": check.bytes, "seconds": round(check.seconds, 3),
-                                      "gb_per_s": round(check.gb_per_s, 3), "streamer": asdict(cfg.streamer),
-                                      "overlapped": True}
+                summary.load_check = {**check, "streamer": asdict(cfg.streamer), "overlapped": True}
                 log.info("weights.load_check", **summary.load_check)
         finally:
             if checker:
@@ -258,9 +256,10 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
 
 
 class _LoadChecker:
-    """The load check, one file at a time on its own thread, as each file lands: it reads the file while
-    the download still fills the page cache with others, so only the last file's check is left after
-    the download (the ``load_check_tail`` phase). Failures surface in ``result()``, naming the file."""
+    """The load check as files land, on its own thread: every safetensors file gets the header check, the
+    first one also the streamer read (loadcheck.py says why one). Both run while the download still fills
+    the page cache with the other files, so after the last byte only that file's header check is left (the
+    ``load_check_tail`` phase). Failures surface in ``result()``, naming the file."""
 
     def __init__(self, dest: Path, streamer: StreamerTuning):
         from concurrent.futures import ThreadPoolExecutor
@@ -268,20 +267,31 @@ class _LoadChecker:
         self.dest, self.streamer = dest, streamer
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-check")
         self.futures = []
+        self.streamed: str | None = None
 
     def submit(self, rel_paths: list[str]) -> None:
         for rel in rel_paths:
-            self.futures.append(self.pool.submit(check_loadable, [self.dest / rel], self.streamer))
+            self.futures.append(self.pool.submit(self._check, rel))
 
     def submit_one(self, rel_path: str) -> None:
         if rel_path.endswith(".safetensors"):
             self.submit([rel_path])
 
-    def result(self):
-        from .loadcheck import LoadCheck
+    def _check(self, rel: str) -> tuple[int, LoadCheck | None]:
+        path = self.dest / rel
+        tensor_bytes = check_header(path)
+        if self.streamed is not None:
+            return tensor_bytes, None
+        self.streamed = rel
+        return tensor_bytes, check_loadable([path], self.streamer)
 
-        checks = [f.result() for f in self.futures]  # the first failure raises, naming its file
-        return LoadCheck(sum(c.files for c in checks), sum(c.bytes for c in checks), sum(c.seconds for c in checks))
+    def result(self) -> dict:
+        done = [f.result() for f in self.futures]  # the first failure raises, naming its file
+        stream = next((s for _, s in done if s is not None), None)
+        return {"files": len(done), "bytes": sum(b for b, _ in done), "header_checked": len(done),
+                "streamed_file": self.streamed, "streamed_bytes": stream.bytes if stream else 0,
+                "seconds": round(stream.seconds, 3) if stream else 0.0,
+                "gb_per_s": round(stream.gb_per_s, 3) if stream else 0.0}
 
     def close(self) -> None:
         for f in self.futures:

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     opts = DemoOptions(
         nodes=args.nodes, model_mb=args.model_mb, workdir=Path(args.workdir) if args.workdir else None,
         out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,
-        log_file=Path(args.log_file) if args.log_file else None,
+        log_file=Path(args.log_file) if args.log_file else None, scheduler_max_backoff_s=args.scheduler_max_backoff,
+        s3_engine=args.s3,
     )
     return run_demo(opts, sys.stdout)
 
@@ -48,4 +49,15 @@ def register(sub) -> None:
     d.add_argument("--log-json", action="store_true",
                    help="JSON logs on stderr instead of in the log file (for machines; the table is then "
                         "printed as plain lines, never redrawn)")
+    d.add_argument("--s3", choices=["seaweedfs", "rclone"], default="seaweedfs",
+                   help="the local S3 server (default seaweedfs: the model is uploaded with boto3's defaults, so "
+                        "objects carry CRC32 part checksums and '-N' ETags as a model pushed with boto3 or the aws CLI "
+                        "does; rclone serves files laid on disk: single-part MD5 ETags, the costliest to verify, "
+                        "one MD5 stream per file)")
+    d.add_argument("--scheduler-max-backoff", type=int, default=1, metavar="S",
+                   help="the kube-scheduler's podMaxBackoffSeconds for both worlds (default 1). This v1.20 scheduler "
+                        "retries pending pods on every node condition change and then holds them in back-off for up "
+                        "to this long after the taint lifts; schedulers with queueing hints (on by default from 1.32) "
+                        "do not retry on a condition, and from 1.33 an idle scheduler pops pods from back-off at once. "
+                        "10 (the v1.20 default) shows what an old scheduler costs a gated node")
     d.set_defaults(func=run)

@@ -62,6 +62,8 @@ class DemoOptions:
     bind_timeout_s: float = 300.0
     log_json: bool = False           # JSON logs on stderr (as every other command) instead of in log_file
     log_file: Path | None = None     # default: out_dir / LOG_FILE
+    scheduler_max_backoff_s: int = 1  # podMaxBackoffSeconds of the one kube-scheduler both worlds share (cli.py)
+    s3_engine: str = "seaweedfs"      # or "rclone": files laid on disk, single-part MD5 ETags (cli.py)
 
     @property
     def log_path(self) -> Path:
@@ -76,9 +78,20 @@ class DemoResult:
 
 
 # -- steps --------------------------------------------------------------------------------------------
-def seed_model(work: Path, model_mb: int) -> list[Path]:
-    """Lay the model into the folder the S3 server will serve (bucket/prefix), before it starts."""
-    return seed.write_model(work / "s3" / MODEL_BUCKET / PROFILE_NAME, model_mb)
+def seed_model(work: Path, model_mb: int, s3_engine: str) -> list[Path]:
+    """Lay the model's files out before the S3 server starts: rclone serves that folder (bucket/prefix) as
+    it is; for SeaweedFS they are a staging copy that upload_model puts through the server."""
+    root = work / ("s3" if s3_engine == "rclone" else "seed")
+    return seed.write_model(root / MODEL_BUCKET / PROFILE_NAME, model_mb)
+
+
+def upload_model(srv: servers.Servers, files: list[Path]) -> None:
+    """Put the staged model into S3 as boto3's upload_file (and the aws CLI) does by default: multipart
+    above 8 MiB, CRC32 checksums per part, "-N" ETags; what a model pushed to S3 today looks like."""
+    client = srv.s3.client()
+    client.create_bucket(Bucket=MODEL_BUCKET)
+    for f in files:
+        client.upload_file(str(f), MODEL_BUCKET, f"{PROFILE_NAME}/{f.name}")
 
 
 def model_listed(srv: servers.Servers, files: list[Path]) -> float:
@@ -410,8 +423,9 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     storage = node_storage(work, 2 * len(names) * opts.model_mb * 1024 * 1024)
     try:
         with logs.to_file(None if opts.log_json else opts.log_path) as log_line:
-            files = seed_model(work, opts.model_mb)
-            with servers.running(work, names) as srv:
+            files = seed_model(work, opts.model_mb, opts.s3_engine)
+            with servers.running(work, names, scheduler_max_backoff_s=opts.scheduler_max_backoff_s,
+                                 s3_engine=opts.s3_engine) as srv:
                 # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
                 os.environ.update(srv.s3.env())
                 try:
@@ -444,8 +458,11 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     say = view.say
     admin = srv.kube.api_client()
     say(f"1. servers up: kube-apiserver {srv.kube.server}, S3 {srv.s3.endpoint}"
-        f"{', kube-scheduler' if srv.scheduler else ' (no kube-scheduler built: pods are not bound)'}")
+        + (f", kube-scheduler (podMaxBackoffSeconds {srv.scheduler_max_backoff_s}, for both worlds)" if srv.scheduler
+           else " (no kube-scheduler built: pods are not bound)"))
     srv.s3.create_bucket(CACHE_BUCKET)
+    if opts.s3_engine != "rclone":
+        upload_model(srv, files)
     size_gb = model_listed(srv, files)
     spec = cachekey.ServingSpec(model=model_path(PROFILE_NAME), tp=1, image="vllm/vllm-openai:v0.21.0",
                                 engine={"dtype": "auto"})
@@ -582,8 +599,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             say(f"  of which waiting for the scheduler: nodewarm {base['nodewarm_scheduler_wait_s']:.1f}s after the taint "
                 f"lifts, baseline {base['scheduler_wait_s']:.1f}s after registration; without both waits the ratio is "
                 f"{base['ratio_without_scheduler_waits']:.2f}. This kube-scheduler (v1.20) retries pending pods on any "
-                "node condition change, so the Warm report itself starts a back-off the taint lift then waits out; "
-                "schedulers with queueing hints (default from 1.32) do not retry on it.")
+                "node condition change, so the Warm report itself starts a back-off the taint lift then waits out (up to "
+                f"podMaxBackoffSeconds, {opts.scheduler_max_backoff_s}s in this run; --scheduler-max-backoff); schedulers "
+                "with queueing hints (default from 1.32) do not retry on it.")
         say(f"Note: the {len(names)} simulated nodes share this machine's cores, so per-node pulls, load checks and "
             "restores contend with each other; the baseline pulls with the same concurrency.")
     bad = {n: v["order_violations"] for n, v in summary["nodes"].items() if v["order_violations"]}

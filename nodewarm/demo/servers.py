@@ -22,10 +22,12 @@ class Servers:
     s3: s3server.S3Server
     workdir: Path
     scheduler: bool
+    scheduler_max_backoff_s: int | None = None
 
 
 @contextlib.contextmanager
-def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: bool = True):
+def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: bool = True,
+            scheduler_max_backoff_s: int | None = None, s3_engine: str = "seaweedfs"):
     """Start S3 + etcd + kube-apiserver (+ kube-scheduler); yield; stop everything, whatever happens."""
     work = Path(workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -33,20 +35,23 @@ def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: b
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     s3 = kube = None
     try:
-        # The model is laid into work/s3 before this starts, so rclone may cache its listings for the
-        # whole run (a short cache makes it re-read whole files under parallel ranged GETs).
-        s3 = s3server.start("rclone", work / "s3", dir_cache_time="24h")
-        log.info("demo.s3.started", endpoint=s3.endpoint, data_dir=str(s3.data_dir))
+        if s3_engine == "rclone":
+            # The model is laid into work/s3 before this starts, so rclone may cache its listings for the
+            # whole run (a short cache makes it re-read whole files under parallel ranged GETs).
+            s3 = s3server.start("rclone", work / "s3", dir_cache_time="24h")
+        else:
+            s3 = s3server.start(s3_engine, work / "s3")
+        log.info("demo.s3.started", engine=s3_engine, endpoint=s3.endpoint, data_dir=str(s3.data_dir))
         kube = kubeenv.start(work / "kube", node_names=node_names)
         kube.apply_crds(all_crds())
         log.info("demo.kube.started", server=kube.server, kubeconfig=str(kube.write_kubeconfig()))
         sched = False
         if with_scheduler:
             kubeenv.start_controller_manager(kube)   # Deployments -> ReplicaSets -> Pods
-            kubeenv.start_scheduler(kube)            # Pods -> Nodes
+            kubeenv.start_scheduler(kube, scheduler_max_backoff_s)   # Pods -> Nodes
             sched = True
-            log.info("demo.scheduler.started")
-        yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched)
+            log.info("demo.scheduler.started", pod_max_backoff_s=scheduler_max_backoff_s or 10)
+        yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched, scheduler_max_backoff_s=scheduler_max_backoff_s)
     finally:
         if kube:
             kube.stop()
