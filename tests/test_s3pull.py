@@ -26,11 +26,23 @@ def ranges_for(proxy, name: str) -> list[int]:
     return sorted(int(r.headers["range"].split("=")[1].split("-")[0]) for r in proxy.gets() if r.path.endswith(name))
 
 
-def test_pull_splits_files_into_parallel_ranged_gets_and_verifies_each(s3, proxy, tmp_path):
+def test_pull_splits_files_into_parallel_ranged_gets_and_verifies_each(s3, proxy, tmp_path, monkeypatch):
+    import botocore.signers
+
     files = {**model_files(shards=3, mib_per_shard=2), "sub/empty.txt": b""}
     uri = put_model(s3, files)
     dest = tmp_path / "model"
+    signed, sign = [], botocore.signers.generate_presigned_url
+
+    def counting(self, ClientMethod, Params=None, **kw):
+        signed.append(Params["Key"])
+        return sign(self, ClientMethod, Params=Params, **kw)
+
+    # botocore attaches this function to each client class it creates, so the pull's own client counts.
+    monkeypatch.setattr(botocore.signers, "generate_presigned_url", counting)
     summary = warm(uri, dest)
+    # One presigned URL serves all of a file's parts (signing costs CPU; it covers the host, not the Range).
+    assert len(signed) == len(set(signed)) == len(files) - 1  # each key signed once; the empty file needs no GET
     assert visible_files(dest) == files
     assert summary.ok and summary.files == len(files) and summary.bytes == sum(map(len, files.values()))
     assert summary.downloaded_bytes == summary.bytes and summary.downloaded_files == len(files)
