@@ -23,16 +23,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from nodewarm.nodeclasses.labels import (  # noqa: F401  (re-exported: the controller's modules import them here)
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, NODEPOOL_LABEL, PROFILE_LABEL, TIMELINE_ANNOTATION, WARM_CONDITION,
-    WARM_GENERATION_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_LABEL, CACHE_REASON_ANNOTATION, GENERATION_LABEL, NODEPOOL_LABEL, PROFILE_LABEL,
+    STATE_ANNOTATION, TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION,
 )
-from nodewarm.generation import GENERATION_LABEL  # noqa: F401
-
-STATE_ANNOTATION = "nodewarm.io/state"
 
 LABEL_PROFILE = PROFILE_LABEL
 LABEL_MODEL = "nodewarm.io/model"
-LABEL_CACHE = "nodewarm.io/compile-cache"
+LABEL_CACHE = CACHE_LABEL
 LABEL_WARM = "nodewarm.io/warm"
 # What the agent records as the generation it warmed (nodewarm.generation: 16 hex digits).
 _GENERATION = re.compile(r"^[0-9a-f]{16}$")

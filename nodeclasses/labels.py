@@ -25,3 +25,11 @@ GPUS_ANNOTATION = "nodewarm.io/gpus"
 # The weights' in-flight progress, written by the node agent while it pulls (bootstrap/agent.py LiveProgress) and
 # read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
+
+# Written by the controller on a Node: its record of the node's lifecycle (controller/model.py), and the label
+# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/generation.py).
+STATE_ANNOTATION = "nodewarm.io/state"
+GENERATION_LABEL = "nodewarm.io/generation"
+CACHE_LABEL = "nodewarm.io/compile-cache"
+# The startup taint's key when a WarmProfile names none (spec.readiness.taintKey).
+DEFAULT_TAINT = "nodewarm.io/warming"

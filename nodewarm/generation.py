@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from .nodeclasses.labels import GENERATION_LABEL  # noqa: F401  (re-exported: where the generation is defined)
 from .profile import WarmProfile
-
-GENERATION_LABEL = "nodewarm.io/generation"
 
 
 def _digest(doc: dict, length: int) -> str:

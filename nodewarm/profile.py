@@ -19,6 +19,7 @@ import yaml
 
 from . import instancetypes, sizing
 from .errors import ProfileError
+from .nodeclasses.labels import DEFAULT_TAINT
 from .schema import strict_schema
 
 
@@ -348,7 +349,7 @@ def from_dict(doc: dict) -> WarmProfile:
             Publisher(cc["publisher"]["image"], cc["publisher"]["signingKeySecret"],
                       cc["publisher"].get("quietSeconds", 30)) if "publisher" in cc else None)),
         readiness=Readiness(
-            taint_key=r.get("taintKey", "nodewarm.io/warming"),
+            taint_key=r.get("taintKey", DEFAULT_TAINT),
             deadline=r.get("deadline", "20m"),
             on_deadline=r.get("onDeadline", "untaint"),
         ),

@@ -34,17 +34,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
-    NODEPOOL_LABEL, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_LABEL, CACHE_REASON_ANNOTATION, DEFAULT_TAINT, GENERATION_LABEL, GPUS_ANNOTATION,
+    IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, NODEPOOL_LABEL, PROGRESS_ANNOTATION, STATE_ANNOTATION,
+    TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 
-# Not imported from their owners: `nodewarm --help` imports this module, and those pull in the controller,
-# the profile schema or boto3 (tests/test_status.py checks they are the same names).
-STATE_ANNOTATION = "nodewarm.io/state"                  # controller/model.py
-GENERATION_LABEL = "nodewarm.io/generation"             # nodewarm/generation.py
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-CACHE_LABEL = "nodewarm.io/compile-cache"   # controller/model.py LABEL_CACHE
-DEFAULT_TAINT = "nodewarm.io/warming"
 EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (controller/events.py)
 
 # What a user running `nodewarm status` needs, and nothing more (tests/test_status.py runs it with exactly this).

@@ -335,10 +335,12 @@ def test_names_match_their_owners_and_the_module_stays_light():
     import subprocess
     import sys
 
-    from nodewarm.controller.model import STATE_ANNOTATION
+    from nodewarm.controller import model
     from nodewarm.generation import GENERATION_LABEL
 
-    assert status.STATE_ANNOTATION == STATE_ANNOTATION and status.GENERATION_LABEL == GENERATION_LABEL
+    # One name each, from nodeclasses/labels.py, for the controller that writes it and the status that reads it.
+    assert status.STATE_ANNOTATION is model.STATE_ANNOTATION and status.GENERATION_LABEL is GENERATION_LABEL
+    assert status.CACHE_LABEL is model.LABEL_CACHE
     assert status.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION     # one name: the agent writes it from there
     # `nodewarm --help` imports every command's module: this one must not pull in boto3 or the controller.
     heavy = ("boto", "nodewarm.controller", "nodewarm.profile")
