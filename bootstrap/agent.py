@@ -131,7 +131,7 @@ class AgentConfig:
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
     generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
     readiness_taint: str = ""   # the startup taint: while it is on, the controller writes the generation label
-    streamer: StreamerTuning = StreamerTuning()     # the vLLM pod's streamer settings, for the load check
+    streamer: StreamerTuning | None = None          # set: stream one file with the vLLM pod's settings
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
     node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
     serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)

@@ -73,7 +73,8 @@ def _follow_options(args: argparse.Namespace):
             raise NodewarmError(f"--runtime {args.runtime}: not the runtime JSON `compile-cache key --runtime-only` "
                                 f"writes ({type(e).__name__}: {e})", reason="InvalidArgument") from None
     return FollowOptions(profile=args.profile, mount=Path(args.mount), node_name=_node_name(args),
-                         load_check=not args.skip_load_check, allow_non_nvme=args.allow_non_nvme,
+                         load_check=not args.skip_load_check, stream_check=args.stream_check,
+                         allow_non_nvme=args.allow_non_nvme,
                          runtime=runtime, once=args.once, state_dir=Path(args.state_dir),
                          gpu_wait_s=args.gpu_wait_seconds)
 
@@ -136,7 +137,10 @@ def register_bootstrap(bsub) -> None:
     p.add_argument("--once", action="store_true", help="warm once, report, and exit (no following)")
     p.add_argument("--allow-non-nvme", action="store_true", help="warm even when the mount is not NVMe instance store")
     p.add_argument("--skip-load-check", action="store_true",
-                   help="skip the runai-model-streamer load check (hosts without torch, e.g. the AL2023 artifact)")
+                   help="skip the load check (each safetensors file's header checked against its size)")
+    p.add_argument("--stream-check", action="store_true",
+                   help="also stream the first safetensors file through runai-model-streamer with the vLLM pod's "
+                        "settings (needs torch; the checksums and header checks already prove the bytes and format)")
     p.add_argument("--json", action="store_true", help="with --once: print the result (weights, compile cache) as JSON")
     p.add_argument("--runtime", help="the serving image's runtime JSON (`compile-cache key --runtime-only`)")
     p.add_argument("--state-dir", default=os.environ.get("NODEWARM_STATE_DIR", "/var/lib/nodewarm"),

@@ -19,7 +19,7 @@ Run on the node (user data, bootstrap container or DaemonSet); each step is idem
 
 WEIGHTS_DESCRIPTION = """\
 Pull a model from S3 onto the node's NVMe instance store, verify every file, and prove the
-safetensors load (a header check of each, runai-model-streamer on one).
+safetensors parse (a header check of each; --stream-check: runai-model-streamer on one).
 
 What it does, in order:
   1. DEST must be on NVMe instance storage: an md RAID0 of "Amazon EC2 NVMe Instance Storage" disks
@@ -41,9 +41,9 @@ What it does, in order:
      (SSE-KMS without checksums) gets its SHA-256 recorded and is reported as NOT verified.
      Nothing half-written ever has a final name.
   6. As each *.safetensors lands: checks its header against its size (dtypes, shapes, offsets that
-     tile the data exactly); streams the first one through runai-model-streamer on the CPU, tuned like
-     the vLLM pod's loader (--streamer-*), and reports its read GB/s. The download already left every
-     page in the page cache. A model with no *.safetensors fails (NoSafetensors).
+     tile the data exactly). With --stream-check (or --streamer-*) it also streams the first one through
+     runai-model-streamer on the CPU, tuned like the vLLM pod's loader, and reports its read GB/s. The
+     download already left every page in the page cache. No *.safetensors: fails (NoSafetensors).
 A summary (per-phase seconds, bytes, throughput) is written to DEST/.nodewarm/summary.json.
 
 Environment: the standard AWS variables, read by boto3: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3),
@@ -104,6 +104,9 @@ def _add_weights(bsub) -> None:
                       help="skip keys whose name or relative path match (repeatable)")
     tune.add_argument("--skip-load-check", action="store_true",
                       help="skip the header checks and the runai-model-streamer read")
+    tune.add_argument("--stream-check", action="store_true",
+                      help="also stream the first safetensors file through runai-model-streamer (needs torch); "
+                           "implied by --streamer-*")
     tune.add_argument("--streamer-concurrency", type=_positive_int, metavar="N",
                       help="load check: the streamer concurrency the vLLM pod uses (model-loader-extra-config)")
     tune.add_argument("--streamer-chunk-bytes", type=_positive_int, metavar="BYTES",
@@ -130,7 +133,8 @@ def _weights_config(args: argparse.Namespace):
         uri=args.uri, dest=args.dest, allow_non_nvme=args.allow_non_nvme, mount_wait_s=args.mount_wait,
         headroom=Headroom(minimum_bytes=int(args.headroom_gib * GiB)), pull_overrides=overrides,
         load_check=not args.skip_load_check, exclude=tuple(args.exclude),
-        streamer=StreamerTuning(args.streamer_concurrency, args.streamer_chunk_bytes),
+        streamer=StreamerTuning(args.streamer_concurrency, args.streamer_chunk_bytes)
+        if args.stream_check or args.streamer_concurrency or args.streamer_chunk_bytes else None,
     )
 
 

@@ -43,6 +43,7 @@ class FollowOptions:
     mount: Path
     node_name: str
     load_check: bool = True
+    stream_check: bool = False      # also stream one file through runai-model-streamer (needs torch)
     allow_non_nvme: bool = False
     host_root: Path = Path("/")
     runtime: tuple | None = None
@@ -72,7 +73,7 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
         allow_non_nvme=opts.allow_non_nvme or p.bootstrap.allow_non_nvme, load_check=opts.load_check,
         host_root=opts.host_root, runtime=opts.runtime, generation=r.generation, readiness_taint=p.readiness.taint_key,
-        streamer=streamer_tuning(p),
+        streamer=streamer_tuning(p) if opts.stream_check else None,
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
         **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))

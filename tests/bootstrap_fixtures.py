@@ -124,16 +124,18 @@ def proxy(s3, monkeypatch):
     yield from proxied(s3, monkeypatch)
 
 
-def warm(uri: str, dest: Path, load_check: bool = False, **pull):
+def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, **pull):
     """warm_weights as tests use it: not on NVMe here, no headroom, small parts, fast bounded retries."""
     from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.s3client import RetryPolicy
     from nodewarm.bootstrap.weights import WeightsConfig, warm_weights
+    from nodewarm.bootstrap.weights.loadcheck import StreamerTuning
 
     overrides = {"concurrency": 4, "part_size": 512 * KiB, "stall_timeout_s": 1.0, "connect_timeout_s": 2.0,
                  "request_timeout_s": 10.0, "retry": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.05), **pull}
     return warm_weights(WeightsConfig(uri=uri, dest=dest, allow_non_nvme=True, headroom=Headroom(0, 0),
-                                      load_check=load_check, progress_interval_s=0.5, pull_overrides=overrides))
+                                      load_check=load_check, progress_interval_s=0.5, pull_overrides=overrides,
+                                      streamer=StreamerTuning() if stream_check else None))
 
 
 def visible_files(dest: Path) -> dict[str, bytes]:

@@ -73,7 +73,7 @@ def test_each_file_is_checked_as_it_lands_and_one_is_streamed_while_the_rest_dow
     proxy.rule = lambda r: Hook(lambda req: waited.append(first_checked.wait(60))) \
         if r.is_get and r.path.endswith(second) else None
     with loop_volume(tmp_path, 64) as vol:
-        summary = warm(uri, vol / "m", load_check=True, concurrency=1)
+        summary = warm(uri, vol / "m", load_check=True, stream_check=True, concurrency=1)
     assert waited and all(waited)
     assert streamed == [first], "the streamer reads one file, the first to land"
     assert headers == [first, second], "every safetensors file gets the header check"
@@ -135,3 +135,17 @@ def test_the_header_check_refuses_a_truncated_or_non_json_header(tmp_path):
         with pytest.raises(LoadCheckFailed) as e:
             check_header(path)
         assert why in str(e.value) and path.name in str(e.value)
+
+
+def test_by_default_every_file_is_header_checked_and_nothing_is_streamed(s3, proxy, tmp_path, monkeypatch):
+    from nodewarm.bootstrap.weights import pipeline
+
+    def never(paths, tuning):
+        raise AssertionError("the streamer (and torch) is opt-in: --stream-check")
+
+    monkeypatch.setattr(pipeline, "check_loadable", never)
+    files = model_files(shards=3, mib_per_shard=0.5, seed=43)
+    with loop_volume(tmp_path, 32) as vol:
+        summary = warm(put_model(s3, files), vol / "m", load_check=True)
+    c = summary.load_check
+    assert (c["files"], c["header_checked"], c["streamed_file"], c["streamer"]) == (3, 3, None, None)

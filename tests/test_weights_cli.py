@@ -40,12 +40,13 @@ def test_pull_verify_load_check_then_rerun_transfers_nothing(s3, proxy, tmp_path
     files = model_files(shards=2, mib_per_shard=1.5, seed=21)
     uri = put_model(s3, files)
     dest = tmp_path / "model"
-    p = weights(uri, dest, "--allow-non-nvme", "--json")
+    p = weights(uri, dest, "--allow-non-nvme", "--json", "--stream-check")
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert {"files", "bytes", "seconds", "throughput_mb_s", "skipped", "changed"} <= set(summary)
     assert summary["files"] == len(files) and summary["bytes"] == sum(map(len, files.values()))
-    assert summary["load_check"]["files"] == 2 and summary["load_check"]["gb_per_s"] > 0
+    check = summary["load_check"]
+    assert check["files"] == 2 and check["streamed_file"].endswith(".safetensors") and check["gb_per_s"] > 0
     assert summary["storage"]["instance_store"] is False
     assert visible_files(dest) == files
     assert json.loads((dest / ".nodewarm/summary.json").read_text())["ok"] is True

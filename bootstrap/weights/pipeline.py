@@ -46,7 +46,8 @@ class WeightsConfig:
     # Fields of s3pull.PullConfig to force; the rest derive from the model's size.
     pull_overrides: dict = field(default_factory=dict)
     load_check: bool = True
-    streamer: StreamerTuning = field(default_factory=StreamerTuning)  # as the vLLM pod's loader is set up
+    # None: header checks only; set: the first file is also streamed, tuned as the vLLM pod's loader is.
+    streamer: StreamerTuning | None = None
     exclude: tuple[str, ...] = ()
     progress_interval_s: float = 5.0
 
@@ -248,7 +249,8 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             if checker:
                 with phase("load_check_tail"):
                     check = checker.result()
-                summary.load_check = {**check, "streamer": asdict(cfg.streamer), "overlapped": True}
+                summary.load_check = {**check, "streamer": asdict(cfg.streamer) if cfg.streamer else None,
+                                      "overlapped": True}
                 log.info("weights.load_check", **summary.load_check)
         finally:
             if checker:
@@ -256,12 +258,13 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
 
 
 class _LoadChecker:
-    """The load check as files land, on its own thread: every safetensors file gets the header check, the
-    first one also the streamer read (loadcheck.py says why one). Both run while the download still fills
-    the page cache with the other files, so after the last byte only that file's header check is left (the
-    ``load_check_tail`` phase). Failures surface in ``result()``, naming the file."""
+    """The load check as files land, on its own thread: every safetensors file gets the header check and,
+    when ``streamer`` is set, the first one also the streamer read (loadcheck.py says why at most one). Both
+    run while the download still fills the page cache with the other files, so after the last byte only that
+    file's header check is left (the ``load_check_tail`` phase). Failures surface in ``result()``, naming
+    the file."""
 
-    def __init__(self, dest: Path, streamer: StreamerTuning):
+    def __init__(self, dest: Path, streamer: StreamerTuning | None):
         from concurrent.futures import ThreadPoolExecutor
 
         self.dest, self.streamer = dest, streamer
@@ -280,7 +283,7 @@ class _LoadChecker:
     def _check(self, rel: str) -> tuple[int, LoadCheck | None]:
         path = self.dest / rel
         tensor_bytes = check_header(path)
-        if self.streamed is not None:
+        if self.streamer is None or self.streamed is not None:
             return tensor_bytes, None
         self.streamed = rel
         return tensor_bytes, check_loadable([path], self.streamer)
