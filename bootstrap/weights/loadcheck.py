@@ -5,16 +5,17 @@ Two checks, split by what each can still prove once the download has verified ev
 * ``check_header`` (every *.safetensors, as it lands): the file is well-formed safetensors. The header
   parses, every tensor's dtype and shape match its byte span, and the spans tile the data section exactly
   (no hole, no overlap, nothing past the end), as the format demands. Microseconds, no read of the data.
-* ``check_loadable`` (one file per run): streams a file through runai-model-streamer's local file engine on
-  the CPU (the same header parsing and chunked reads vLLM's `--load-format runai_streamer` does), tuned as
-  the vLLM pod's is (concurrency from --model-loader-extra-config, chunk size from
-  RUNAI_STREAMER_CHUNK_BYTESIZE), so the streamer and those settings are proven on this node before the pod
-  lands. Tensors are consumed and dropped (owned=False), so memory stays bounded.
+* ``check_loadable`` (opt-in, ``--stream-check``; one file per run, the first to land): streams it through
+  runai-model-streamer's local file engine on the CPU (the same header parsing and chunked reads vLLM's
+  `--load-format runai_streamer` does), tuned as the vLLM pod's is (concurrency from
+  --model-loader-extra-config, chunk size from RUNAI_STREAMER_CHUNK_BYTESIZE), so the streamer and those
+  settings are proven on this node before the pod lands. Tensors are consumed and dropped (owned=False), so
+  memory stays bounded. It needs torch.
 
-Why not stream every file: the checksum already proved the bytes are S3's, the header check that each file
-parses, and the download left every page in the page cache (pwrite goes through it), so re-reading them
-all proves nothing more and costs a full memory pass of the model on the critical path (README, "Load
-check").
+Why no file is streamed by default: the checksum already proved the bytes are S3's, the header check that
+each file parses, and the download left every page in the page cache (pwrite goes through it); re-reading
+proves nothing more, costs a memory pass on the critical path and a torch import in the agent (README, "Load
+check, as each file lands").
 """
 
 from __future__ import annotations
