@@ -521,8 +521,8 @@ def test_strict_crd_check_fails_closed_on_an_apiversion_no_crd_describes():
 
 
 def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
-    """The DaemonSet agent (image with torch) runs the load check with the streamer settings the vLLM pod gets,
-    taken from the same WarmProfile it reads at boot."""
+    """The DaemonSet agent runs the load check (header checks); with --stream-check its streamer read uses the
+    settings the vLLM pod gets, taken from the same WarmProfile it reads at boot."""
     from pathlib import Path
 
     from nodewarm.bootstrap import follow, profilesource
@@ -536,5 +536,7 @@ def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
     assert "--skip-load-check" not in agent["args"]
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
     cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
+    assert cfg.load_check and cfg.streamer is None       # header checks only, no torch: the default
+    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n", stream_check=True))
     assert cfg.load_check and (cfg.streamer.concurrency, cfg.streamer.chunk_bytes) == (want_concurrency, want_chunk)
     assert want_chunk == 2 * 2**30
