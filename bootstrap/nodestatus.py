@@ -99,25 +99,32 @@ def report_warm(api_client, node_name: str, status: bool, reason: str, message: 
     return node
 
 
+def _patch_annotations(api_client, node_name: str, annotations: dict[str, str], what: str, hint: str = "") -> dict:
+    """One strategic-merge patch of ``annotations`` through ``nodes/status`` (no read, no resourceVersion: only
+    these keys are in it). A 401/403 raises NodeStatusForbidden: "cannot <what> on node <name>: ...<hint>"."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return _call(api_client, "PATCH", f"/api/v1/nodes/{node_name}/status",
+                     {"metadata": {"annotations": dict(annotations)}}, STRATEGIC)
+    except ApiException as e:
+        if e.status in (401, 403):
+            raise NodewarmError(f"cannot {what} on node {node_name}: {e.status} {e.reason}{hint}",
+                                "NodeStatusForbidden") from None
+        raise
+
+
 def report_compile_cache(api_client, node_name: str, outcome: str, reason: str) -> dict:
     """The serving-time compile-cache outcome (hit|miss|cold) as Node annotations, through ``nodes/status``.
 
     Sent by the publisher sidecar with its ServiceAccount (rendered with ``patch nodes/status`` only); only the
     two compile-cache annotations are in the patch, so the Warm condition and everything else stay as they are.
     """
-    from kubernetes.client.exceptions import ApiException
-
     from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
 
-    body = {"metadata": {"annotations": {CACHE_ANNOTATION: outcome, CACHE_REASON_ANNOTATION: reason}}}
-    try:
-        node = _call(api_client, "PATCH", f"/api/v1/nodes/{node_name}/status", body, STRATEGIC)
-    except ApiException as e:
-        if e.status in (401, 403):
-            raise NodewarmError(f"cannot record the compile-cache outcome on node {node_name}: {e.status} "
-                                f"{e.reason}; the publisher's ServiceAccount needs `patch nodes/status` "
-                                "(rendered with the Deployment)", "NodeStatusForbidden") from None
-        raise
+    node = _patch_annotations(api_client, node_name, {CACHE_ANNOTATION: outcome, CACHE_REASON_ANNOTATION: reason},
+                              "record the compile-cache outcome", "; the publisher's ServiceAccount needs `patch "
+                              "nodes/status` (rendered with the Deployment)")
     log.info("compile_cache.reported", node=node_name, outcome=outcome, reason=reason)
     return node
 
@@ -126,21 +133,12 @@ def report_progress(api_client, node_name: str, annotations: dict[str, str]) -> 
     """In-flight facts (the weights' bytes done, the timeline so far) as ``nodewarm.io/*`` annotations on this
     node, through ``nodes/status`` with the agent's own identity, like report_warm but without the condition.
 
-    One strategic-merge patch, no read and no resourceVersion: only these annotations are in it and the agent alone
-    writes them. An annotation is not among the Node changes the kube-scheduler requeues pending pods for (v1.20
-    here: labels, taints, conditions, allocatable, unschedulable; a label or condition would, see the module doc;
-    newer schedulers only for plugins that ask for annotation changes, none of the default ones by a reading of
-    upstream). Raises like report_warm (NodeStatusForbidden on 401/403)."""
-    from kubernetes.client.exceptions import ApiException
-
+    Only these annotations are in the patch and the agent alone writes them. An annotation is not among the Node
+    changes the kube-scheduler requeues pending pods for (v1.20 here: labels, taints, conditions, allocatable,
+    unschedulable; a label or condition would, see the module doc; newer schedulers only for plugins that ask for
+    annotation changes, none of the default ones by a reading of upstream). Raises like report_warm
+    (NodeStatusForbidden on 401/403)."""
     bad = [k for k in annotations if not k.startswith("nodewarm.io/")]
     if bad:
         raise ValueError(f"only nodewarm.io/* annotations are the agent's to write, not {bad}")
-    try:
-        return _call(api_client, "PATCH", f"/api/v1/nodes/{node_name}/status",
-                     {"metadata": {"annotations": dict(annotations)}}, STRATEGIC)
-    except ApiException as e:
-        if e.status in (401, 403):
-            raise NodewarmError(f"cannot report progress on node {node_name}: {e.status} {e.reason}",
-                                "NodeStatusForbidden") from None
-        raise
+    return _patch_annotations(api_client, node_name, annotations, "report progress")

@@ -53,9 +53,9 @@ MiB = 1024**2
 READ_CHUNK = 4 * MiB
 PARTIAL_DIR = ".nodewarm/partial"
 PART_SUFFIX, JOURNAL_SUFFIX = ".part", ".part.journal"
-# A journal line is "<part> <digest hex>\n"; anything else (a line torn by a crash) is ignored.
 # How long one presigned URL serves an object's parts (see _Pull._url).
 URL_REUSE_S = 300.0
+# A journal line is "<part> <digest hex>\n"; anything else (a line torn by a crash) is ignored.
 _JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8,64})\n")
 
 
