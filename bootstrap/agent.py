@@ -28,7 +28,7 @@ from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.nodeclasses.labels import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
-    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
 )
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
@@ -392,7 +392,7 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
             live.stop()     # before the final report: a late progress write must not overwrite its timeline
     if launch is not None:
         result.timeline["launch_failed"] = launch.time
-    result.timeline["warm_reported"] = _stamp()
+    result.timeline[WARM_REPORTED] = _stamp()
     if cfg.state_dir:
         _write_result(cfg.state_dir, result)
     report(api_client, cfg, result)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nodewarm.generation import generation
+from nodewarm.nodeclasses.labels import WARM_REPORTED
 from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
@@ -133,7 +134,7 @@ def phase_times(claim: ClaimView, node: NodeView) -> dict[str, float | None]:
     or, failing that, the Warm condition's transition time (whole seconds)."""
     warm = None
     if node.warm is not None and node.warm.status == "True":
-        warm = parse_time(node.timeline.get("warm")) or node.warm.last_transition
+        warm = parse_time(node.timeline.get(WARM_REPORTED)) or node.warm.last_transition
     registered = claim.registered or node.created
     return {"launched": claim.launched, "registered": registered, "warm": warm}
 

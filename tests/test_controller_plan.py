@@ -392,3 +392,11 @@ def test_leader_timings_must_leave_no_window_for_two_leaders():
         LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
     with pytest.raises(ValueError, match="identity"):
         LeaderConfig("ns", identity="")
+
+
+def test_register_to_warm_is_timed_by_the_agents_sub_second_warm_report():
+    # The agent stamps its timeline annotation when it reports Warm; the condition's transition time has whole
+    # seconds only (T0 + 30 in node_obj). The phase metric takes the agent's stamp.
+    timeline = json.dumps({"weights_done": fmt_time(T0 + 29.5), "warm_reported": fmt_time(T0 + 29.75)})
+    pl = plan(node_obj(annotations={"nodewarm.io/timeline": timeline}))
+    assert dict(pl.durations)["register_to_warm"] == pytest.approx(29.75, abs=1e-3)   # registered at T0
