@@ -371,15 +371,18 @@ def _row(claim: dict | None, node: dict | None, prof: ProfileView | None, now: f
 
 
 def _profiles(obs: Observed) -> dict[str, ProfileView]:
-    """NodePool -> profile (one profile per NodePool: the renderer's contract)."""
-    out = {}
-    for o in obs.profiles:
+    """NodePool -> profile, by the controller's rule: a NodePool belongs to the oldest profile that names it
+    (creationTimestamp, then name; a profile being deleted binds nothing); a later one is refused NodePoolTaken."""
+    out: dict[str, ProfileView] = {}
+    live = [o for o in obs.profiles if not (o.get("metadata") or {}).get("deletionTimestamp")]
+    for o in sorted(live, key=lambda o: ((o.get("metadata") or {}).get("creationTimestamp") or "",
+                                         (o.get("metadata") or {}).get("name") or "")):
         try:
             p = ProfileView.from_obj(o)
         except (KeyError, TypeError, AttributeError):
             continue
         if p.node_pool:
-            out[p.node_pool] = p
+            out.setdefault(p.node_pool, p)
     return out
 
 

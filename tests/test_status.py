@@ -232,6 +232,18 @@ def test_warming_reason_is_what_the_agent_is_still_busy_with():
     assert reason(**started, weights_done=10, image_prepull_done=9, gpus_wait_ended=8, compile_cache_cold=7) == "Warming"
 
 
+def test_a_pool_named_by_two_profiles_shows_the_one_the_controller_binds_it_to():
+    # The controller binds a NodePool to the oldest profile naming it and refuses the next (NodePoolTaken), whatever
+    # order the API lists them in; status must show that profile's deadline, not the last one listed.
+    newer, older = profile_obj("a-newer", deadline="5m"), profile_obj("z-older", deadline="20m")
+    newer["metadata"]["creationTimestamp"], older["metadata"]["creationTimestamp"] = ts(60), ts(3600)
+    for listed in ([newer, older], [older, newer]):
+        rs = status.rows(observed(warming_pair(), profiles=listed), NOW)
+        assert {r.profile for r in rs} == {"z-older"}
+    deleting = dict(older, metadata={**older["metadata"], "deletionTimestamp": ts(1)})
+    assert {r.profile for r in status.rows(observed(warming_pair(), profiles=[newer, deleting]), NOW)} == {"a-newer"}
+
+
 def test_profile_filter_and_nodes_outside_any_profile_are_left_out():
     other = profile_obj("llama", "gpu-p4d")
     c, n = warm_pair()
