@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 
 from nodewarm import logs
+from nodewarm.nodeclasses.labels import INSTANCE_TYPE_LABEL
 
 from .profilesource import get_node
 
@@ -41,7 +42,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_WAIT_S = 180.0
 POLL_S = 2.0
 COUNT_LABELS = ("karpenter.k8s.aws/instance-gpu-count", "eks.amazonaws.com/instance-gpu-count", "nvidia.com/gpu.count")
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 @dataclass(frozen=True)

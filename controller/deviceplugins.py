@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodewarm.nodeclasses import deviceplugin
+from nodewarm.nodeclasses.labels import INSTANCE_TYPE_LABEL
 from nodewarm.nodeclasses.nodepool import startup_taint
 from nodewarm.profile import WarmProfile
 
@@ -113,7 +114,7 @@ def known_labels(p: WarmProfile) -> dict[str, set[str]]:
     """Labels the profile's nodes carry before they are warm, each with the values it may have."""
     out = {"karpenter.sh/nodepool": {p.nodes.node_pool}, "kubernetes.io/os": {"linux"}}
     if p.nodes.instance_types:
-        out["node.kubernetes.io/instance-type"] = set(p.nodes.instance_types)
+        out[INSTANCE_TYPE_LABEL] = set(p.nodes.instance_types)
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nodewarm.generation import generation
-from nodewarm.nodeclasses.labels import WARM_REPORTED
+from nodewarm.nodeclasses.labels import CACHE_OUTCOMES, WARM_REPORTED
 from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
@@ -34,7 +34,6 @@ from .model import (
 # What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
 # a restore is not a hit, so it has no value here. Anything else is counted as "unknown" so an odd annotation
 # cannot mint series.
-CACHE_OUTCOMES = ("hit", "miss", "cold")
 
 # Warm=False reasons a replacement node would hit again (instance type, sizes, IAM, the model source):
 # replacing would only burn instances, so onDeadline=replace keeps the node and says why instead.

@@ -13,6 +13,7 @@ import re
 
 from nodewarm.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
+from nodewarm.nodeclasses.labels import INSTANCE_TYPE_LABEL
 from nodewarm.profile import WarmProfile, check_taint_key
 
 from . import automode, ec2nodeclass, nodepool
@@ -20,7 +21,6 @@ from .drift import ami_family
 from .render import node_user_data
 
 SUPPORTED_FAMILIES = ("AL2023", "Bottlerocket")
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 NVME_LABELS = ("karpenter.k8s.aws/instance-local-nvme", "eks.amazonaws.com/instance-local-nvme")
 
 

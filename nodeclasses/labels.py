@@ -4,6 +4,7 @@ bootstrap and the tests must agree on them."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PROFILE_LABEL = "nodewarm.io/profile"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"   # well-known; Karpenter sets it
 GPU_TAINT = "nvidia.com/gpu"
 FIELD_MANAGER = "nodewarm"
 
@@ -33,5 +34,7 @@ PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
 STATE_ANNOTATION = "nodewarm.io/state"
 GENERATION_LABEL = "nodewarm.io/generation"
 CACHE_LABEL = "nodewarm.io/compile-cache"
+# What that label may say; anything else a node reports is recorded as "unknown".
+CACHE_OUTCOMES = ("hit", "miss", "cold")
 # The startup taint's key when a WarmProfile names none (spec.readiness.taintKey).
 DEFAULT_TAINT = "nodewarm.io/warming"

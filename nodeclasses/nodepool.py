@@ -18,7 +18,7 @@ from nodewarm.generation import GENERATION_LABEL
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 
-from .labels import GPU_TAINT, MANAGED_BY, PROFILE_LABEL
+from .labels import GPU_TAINT, INSTANCE_TYPE_LABEL, MANAGED_BY, PROFILE_LABEL
 
 # The vLLM pods select nodewarm.io/generation. Karpenter launches nodes only for pods whose labels the NodePool
 # can satisfy: a key it does not define is "incompatible requirements, label ... does not have known values",
@@ -54,7 +54,7 @@ def merged_startup_taints(p: WarmProfile, existing: list[dict] | None) -> list[d
 
 
 def requirements(p: WarmProfile) -> list[dict]:
-    reqs = [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": list(p.nodes.instance_types)},
+    reqs = [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": list(p.nodes.instance_types)},
             dict(GENERATION_REQUIREMENT)]
     if p.nodes.mode == "karpenter":
         # Label = TotalSizeInGB, set only on NVMe types; Gt 0 keeps a non-NVMe type out even if listed by mistake.

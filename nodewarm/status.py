@@ -34,12 +34,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_LABEL, CACHE_REASON_ANNOTATION, DEFAULT_TAINT, GENERATION_LABEL, GPUS_ANNOTATION,
-    IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION, NODEPOOL_LABEL, PROGRESS_ANNOTATION, STATE_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, DEFAULT_TAINT, GENERATION_LABEL, GPUS_ANNOTATION,
+    IMAGE_ANNOTATION, INSTANCE_TYPE_LABEL, LAUNCH_FAILURE_ANNOTATION, NODEPOOL_LABEL, PROGRESS_ANNOTATION, STATE_ANNOTATION,
     TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
 )
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (controller/events.py)
 
 # What a user running `nodewarm status` needs, and nothing more (tests/test_status.py runs it with exactly this).
@@ -260,9 +259,9 @@ def _weights(node: dict | None, timeline: dict) -> Weights:
 
 def _cache(node: dict | None, timeline: dict) -> str:
     v = _ann(node, CACHE_ANNOTATION)
-    if v in ("hit", "miss", "cold"):
+    if v in CACHE_OUTCOMES:
         return v
-    if _label(node, CACHE_LABEL) in ("hit", "miss", "cold"):       # the controller's label (cold after a deadline)
+    if _label(node, CACHE_LABEL) in CACHE_OUTCOMES:       # the controller's label (cold after a deadline)
         return _label(node, CACHE_LABEL)
     if "compile_cache_restored" in timeline:
         return "restored"

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+from nodewarm.nodeclasses.labels import INSTANCE_TYPE_LABEL
+
 GPU_NAME_LABEL = "karpenter.k8s.aws/instance-gpu-name"
 GPU_COUNT_LABEL = "karpenter.k8s.aws/instance-gpu-count"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
