@@ -284,19 +284,22 @@ def start_scheduler(cluster: KubeCluster, max_backoff_s: int | None = None) -> s
     idle scheduler pops pods from back-off at once. Tests keep the defaults.
     """
     kcfg = _component_kubeconfig(cluster, "kube-scheduler", ("system:kube-scheduler", "system:volume-scheduler"))
-    args = ["--kubeconfig", str(kcfg), "--leader-elect=false"]
+    args = ["--kubeconfig", str(kcfg), "--leader-elect=false", "--port", "0"]
     if max_backoff_s is not None:
-        # With --config the scheduler ignores its deprecated flags (--kubeconfig, --leader-elect): all in the file.
+        # With --config the scheduler ignores its deprecated flags (--kubeconfig, --leader-elect) and --port too,
+        # and its insecure healthz/metrics listener would default to 0.0.0.0:10251 (a fixed port: a second
+        # scheduler on the machine could not start). All of it goes in the file, that listener on loopback.
+        insecure = f"127.0.0.1:{free_port()}"
         config = cluster.workdir / "kube-scheduler-config.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubescheduler.config.k8s.io/v1beta1", "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(kcfg)}, "leaderElection": {"leaderElect": False},
+            "healthzBindAddress": insecure, "metricsBindAddress": insecure,
             "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": max(1, int(max_backoff_s)),
         }))
         args = ["--config", str(config)]
     return _start_component(cluster, "kube-scheduler", [
-        *args, "--port", "0",
-        "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+        *args, "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
         "--authentication-kubeconfig", str(kcfg), "--authorization-kubeconfig", str(kcfg),
         "--authentication-tolerate-lookup-failure=true",
     ])

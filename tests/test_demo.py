@@ -58,6 +58,8 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     assert "kube-scheduler (podMaxBackoffSeconds 1, for both worlds)" in text
     config = json.loads((tmp_path / "work" / "kube" / "kube-scheduler-config.yaml").read_text())
     assert (config["podInitialBackoffSeconds"], config["podMaxBackoffSeconds"]) == (1, 1)
+    # With --config, v1.20 ignores --port 0: its insecure listener must be put on loopback (default *:10251).
+    assert config["healthzBindAddress"].startswith("127.0.0.1:") and config["metricsBindAddress"].startswith("127.0.0.1:")
     # ... and the model in S3 as boto3's upload_file leaves it: the shards verified from their CRC32 parts.
     verified = {d["file"]: d["verified_by"] for d in docs if d["event"] == "weights.file_ready"}
     assert {v for f, v in verified.items() if f.endswith(".safetensors")} == {"checksum-crc32-composite"}
