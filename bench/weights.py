@@ -197,13 +197,8 @@ def bench_shape(args, files: int, file_mib: int) -> dict:
         server = start_rclone(work / "data")
     else:
         server = s3server.start(args.engine, work / "data")
-        staging = work / "staging"
-        objects = lay_model(staging, files, file_mib)
-        server.create_bucket(BUCKET)
-        for key, _ in objects:
-            # upload_file's defaults: what a model pushed with boto3 (or the aws CLI) looks like in S3.
-            server.client().upload_file(str(staging / BUCKET / key), BUCKET, key)
-        shutil.rmtree(staging)
+        objects = lay_model(work / "staging", files, file_mib)
+        server.upload_tree(work / "staging", BUCKET)
     try:
         head = server.client().head_object(Bucket=BUCKET, Key=objects[0][0], ChecksumMode="ENABLED")
         results["object"] = {"etag": head["ETag"], **{k: v for k, v in head.items() if k.startswith("Checksum")}}

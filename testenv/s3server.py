@@ -82,6 +82,16 @@ class S3Server:
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
+    def upload_tree(self, root: Path, bucket: str) -> None:
+        """Create ``bucket`` and put every file under ``root/bucket/`` into it (key: the relative path), with
+        boto3 upload_file's defaults: multipart above 8 MiB, CRC32 per part, "-N" ETags, as a model pushed
+        with boto3 or the aws CLI looks in S3. Then ``root`` is removed: the server holds the only copy."""
+        self.create_bucket(bucket)
+        client, base = self.client(), Path(root) / bucket
+        for f in sorted(p for p in base.rglob("*") if p.is_file()):
+            client.upload_file(str(f), bucket, f.relative_to(base).as_posix())
+        shutil.rmtree(root)
+
     def log_text(self) -> str:
         return self._log.read_text(errors="replace") if self._log and self._log.exists() else ""
 

@@ -24,6 +24,13 @@ Ctrl-C. Needs the setup done by scripts/setup.sh.
 """
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: podMaxBackoffSeconds must be 1 or more")
+    return n
+
+
 def run(args: argparse.Namespace) -> int:
     from .run import DemoOptions, run_demo
 
@@ -54,7 +61,7 @@ def register(sub) -> None:
                         "objects carry CRC32 part checksums and '-N' ETags as a model pushed with boto3 or the aws CLI "
                         "does; rclone serves files laid on disk: single-part MD5 ETags, the costliest to verify, "
                         "one MD5 stream per file)")
-    d.add_argument("--scheduler-max-backoff", type=int, default=1, metavar="S",
+    d.add_argument("--scheduler-max-backoff", type=_at_least_one, default=1, metavar="S",
                    help="the kube-scheduler's podMaxBackoffSeconds for both worlds (default 1). This v1.20 scheduler "
                         "retries pending pods on every node condition change and then holds them in back-off for up "
                         "to this long after the taint lifts; schedulers with queueing hints (on by default from 1.32) "

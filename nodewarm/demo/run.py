@@ -78,34 +78,29 @@ class DemoResult:
 
 
 # -- steps --------------------------------------------------------------------------------------------
+def seed_root(work: Path, s3_engine: str) -> Path:
+    """Where the model is laid before the S3 server starts: rclone serves that folder (bucket/prefix) as it
+    is; for SeaweedFS it is a staging copy that S3Server.upload_tree puts through the server."""
+    return work / ("s3" if s3_engine == "rclone" else "seed")
+
+
 def seed_model(work: Path, model_mb: int, s3_engine: str) -> list[Path]:
-    """Lay the model's files out before the S3 server starts: rclone serves that folder (bucket/prefix) as
-    it is; for SeaweedFS they are a staging copy that upload_model puts through the server."""
-    root = work / ("s3" if s3_engine == "rclone" else "seed")
-    return seed.write_model(root / MODEL_BUCKET / PROFILE_NAME, model_mb)
-
-
-def upload_model(srv: servers.Servers, files: list[Path]) -> None:
-    """Put the staged model into S3 as boto3's upload_file (and the aws CLI) does by default: multipart
-    above 8 MiB, CRC32 checksums per part, "-N" ETags; what a model pushed to S3 today looks like."""
-    client = srv.s3.client()
-    client.create_bucket(Bucket=MODEL_BUCKET)
-    for f in files:
-        client.upload_file(str(f), MODEL_BUCKET, f"{PROFILE_NAME}/{f.name}")
+    return seed.write_model(seed_root(work, s3_engine) / MODEL_BUCKET / PROFILE_NAME, model_mb)
 
 
 def model_listed(srv: servers.Servers, files: list[Path]) -> float:
-    """Wait until the server lists every seeded file; the model's size in GB."""
+    """Wait until the server lists every seeded file; the model's size in GB, as S3 lists it."""
     client = srv.s3.client()
+    listing: list[dict] = []
 
     def listed() -> bool:
-        got = client.list_objects_v2(Bucket=MODEL_BUCKET, Prefix=f"{PROFILE_NAME}/").get("Contents", [])
-        return len(got) == len(files)
+        listing[:] = client.list_objects_v2(Bucket=MODEL_BUCKET, Prefix=f"{PROFILE_NAME}/").get("Contents", [])
+        return len(listing) == len(files)
 
     from nodewarm.testenv.ports import wait_until
 
     wait_until(listed, 30, "seeded model listed by the S3 server")
-    total = sum(f.stat().st_size for f in files)
+    total = sum(o["Size"] for o in listing)
     log.info("demo.model.seeded", files=len(files), bytes=total)
     return total / GB
 
@@ -458,11 +453,11 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     say = view.say
     admin = srv.kube.api_client()
     say(f"1. servers up: kube-apiserver {srv.kube.server}, S3 {srv.s3.endpoint}"
-        + (f", kube-scheduler (podMaxBackoffSeconds {srv.scheduler_max_backoff_s}, for both worlds)" if srv.scheduler
+        + (f", kube-scheduler (podMaxBackoffSeconds {opts.scheduler_max_backoff_s}, for both worlds)" if srv.scheduler
            else " (no kube-scheduler built: pods are not bound)"))
     srv.s3.create_bucket(CACHE_BUCKET)
     if opts.s3_engine != "rclone":
-        upload_model(srv, files)
+        srv.s3.upload_tree(seed_root(work, opts.s3_engine), MODEL_BUCKET)
     size_gb = model_listed(srv, files)
     spec = cachekey.ServingSpec(model=model_path(PROFILE_NAME), tp=1, image="vllm/vllm-openai:v0.21.0",
                                 engine={"dtype": "auto"})

@@ -22,12 +22,11 @@ class Servers:
     s3: s3server.S3Server
     workdir: Path
     scheduler: bool
-    scheduler_max_backoff_s: int | None = None
 
 
 @contextlib.contextmanager
-def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: bool = True,
-            scheduler_max_backoff_s: int | None = None, s3_engine: str = "seaweedfs"):
+def running(workdir: Path | None, node_names: tuple[str, ...], scheduler_max_backoff_s: int, s3_engine: str,
+            with_scheduler: bool = True):
     """Start S3 + etcd + kube-apiserver (+ kube-scheduler); yield; stop everything, whatever happens."""
     work = Path(workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -35,12 +34,9 @@ def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: b
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     s3 = kube = None
     try:
-        if s3_engine == "rclone":
-            # The model is laid into work/s3 before this starts, so rclone may cache its listings for the
-            # whole run (a short cache makes it re-read whole files under parallel ranged GETs).
-            s3 = s3server.start("rclone", work / "s3", dir_cache_time="24h")
-        else:
-            s3 = s3server.start(s3_engine, work / "s3")
+        # rclone: the model is laid into work/s3 before this starts, so it may cache its listings for the whole
+        # run (a short cache makes it re-read whole files under parallel ranged GETs); other engines ignore it.
+        s3 = s3server.start(s3_engine, work / "s3", dir_cache_time="24h")
         log.info("demo.s3.started", engine=s3_engine, endpoint=s3.endpoint, data_dir=str(s3.data_dir))
         kube = kubeenv.start(work / "kube", node_names=node_names)
         kube.apply_crds(all_crds())
@@ -50,8 +46,8 @@ def running(workdir: Path | None, node_names: tuple[str, ...], with_scheduler: b
             kubeenv.start_controller_manager(kube)   # Deployments -> ReplicaSets -> Pods
             kubeenv.start_scheduler(kube, scheduler_max_backoff_s)   # Pods -> Nodes
             sched = True
-            log.info("demo.scheduler.started", pod_max_backoff_s=scheduler_max_backoff_s or 10)
-        yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched, scheduler_max_backoff_s=scheduler_max_backoff_s)
+            log.info("demo.scheduler.started", pod_max_backoff_s=scheduler_max_backoff_s)
+        yield Servers(kube=kube, s3=s3, workdir=work, scheduler=sched)
     finally:
         if kube:
             kube.stop()
