@@ -64,7 +64,6 @@ class LiveProgress:
         self._last: tuple | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="live-progress", daemon=True)
-        self.writes = 0
 
     def on_progress(self, phase: str, snap) -> None:
         if phase == "download":
@@ -98,7 +97,6 @@ class LiveProgress:
             log.warning("agent.progress_not_reported", error=f"{type(e).__name__}: {e}")
             return False
         self._last = key
-        self.writes += 1
         return True
 
     def _run(self) -> None:
