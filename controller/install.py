@@ -67,11 +67,7 @@ def _args_block(indent: str, args: list[str]) -> str:
         if a == "--leader-elect":
             lines += ["{{- if .Values.leaderElection.enabled }}", f"{indent}- --leader-elect"]
         elif a.startswith("--lease-namespace="):
-            lines += [f"{indent}- --lease-namespace={INLINE[_NS]}", "{{- end }}"]
-        elif a.startswith("--metrics-port="):
-            lines.append(f"{indent}- --metrics-port={INLINE[_METRICS]}")
-        elif a.startswith("--health-port="):
-            lines.append(f"{indent}- --health-port={INLINE[_HEALTH]}")
+            lines += [f"{indent}- {a}", "{{- end }}"]
         else:
             lines.append(f"{indent}- {a}")
     lines += ["{{- range .Values.extraArgs }}", f"{indent}- {{{{ . | quote }}}}", "{{- end }}"]
@@ -95,12 +91,10 @@ def _template(docs: list[dict], args: list[str] | None = None) -> str:
 
 
 def _deployment() -> tuple[dict, list[str]]:
-    dep = manifests.deployment(_IMAGE, _NS, 2, DEFAULT_METRICS_PORT, DEFAULT_HEALTH_PORT)
-    dep["spec"]["replicas"] = _REPLICAS
+    # The manifests builder takes the placeholders as it takes real values (args, ports, replicas alike).
+    dep = manifests.deployment(_IMAGE, _NS, _REPLICAS, _METRICS, _HEALTH)
     c = dep["spec"]["template"]["spec"]["containers"][0]
     args, c["args"], c["resources"] = c["args"], _ARGS, _RESOURCES
-    ports = {p["name"]: p for p in c["ports"]}
-    ports["metrics"]["containerPort"], ports["health"]["containerPort"] = _METRICS, _HEALTH
     return dep, args
 
 
@@ -145,8 +139,7 @@ def files() -> dict[str, str]:
 
     rbac = manifests.rbac(_NS)
     dep, args = _deployment()
-    svc = manifests.metrics_service(_NS, DEFAULT_METRICS_PORT)
-    svc["spec"]["ports"][0]["port"] = _METRICS
+    svc = manifests.metrics_service(_NS, _METRICS)
     sm = manifests.service_monitor(_NS)
     sm["spec"]["endpoints"][0]["interval"] = _SM_INTERVAL
     chart = {"apiVersion": "v2", "name": "nodewarm", "type": "application", "version": __version__,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,7 +20,9 @@ from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller import cli as controller_cli
 from nodewarm.controller import install, manifests
 from nodewarm.controller.kube import LEASES, NODEPOOLS, WARMPROFILES, Resource
+from nodewarm import __version__
 from nodewarm.schema import crd
+from nodewarm.testenv.ports import free_port
 from nodewarm.testenv.karpenter import KarpenterSim
 
 from controller_fixtures import TAINT, events_for, installed, taint_keys, wait_for
@@ -65,11 +66,11 @@ def test_default_values_render_exactly_the_controller_manifests():
     """helm's output with the defaults is manifests.render()'s objects (less the Namespace: the release's, made
     by --create-namespace) and the CRD, value for value: the templates are those objects."""
     docs = _template("--include-crds", "--set", f"image.repository={IMAGE}")
-    want = [crd(), *manifests.render(f"{IMAGE}:0.1.0", "nodewarm")[1:]]
+    want = [crd(), *manifests.render(f"{IMAGE}:{__version__}", "nodewarm")[1:]]
     assert docs == sorted(want, key=_key)
     # Another release namespace moves everything namespaced there, but the events Role stays in `default`.
     ops = _template("--set", f"image.repository={IMAGE}", namespace="ops")
-    assert ops == sorted(manifests.render(f"{IMAGE}:0.1.0", "ops")[1:], key=_key)
+    assert ops == sorted(manifests.render(f"{IMAGE}:{__version__}", "ops")[1:], key=_key)
     assert subprocess.run([_helm(), "lint", str(CHART), "--set", f"image.repository={IMAGE}"],
                           capture_output=True, timeout=60).returncode == 0
 
@@ -116,12 +117,6 @@ def _parse(args: list[str]):
     return p.parse_args(args)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SERVICEMONITOR_CRD = {   # the Prometheus Operator's CRD, reduced to what an API server needs to store the object
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
@@ -164,7 +159,7 @@ def test_helm_install_then_its_controller_lifts_a_warm_nodes_taint(bare_cluster,
     env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig"))}
     cmd = _documented_install()
     assert cmd[:3] == ["helm", "install", "nodewarm"] and "deploy/helm/nodewarm" in cmd
-    metrics_port, health_port = _free_port(), _free_port()     # this machine's 8080 may be taken
+    metrics_port, health_port = free_port(), free_port()     # this machine's 8080 may be taken
     cmd = [_helm(), *cmd[1:]]
     cmd[cmd.index("deploy/helm/nodewarm")] = str(CHART)
     cmd[cmd.index("image.repository=REPO")] = f"image.repository={IMAGE}"
@@ -177,7 +172,7 @@ def test_helm_install_then_its_controller_lifts_a_warm_nodes_taint(bare_cluster,
         dep = k.get(DEPLOYMENTS, manifests.NAME, "nodewarm")          # what the cluster now holds
         pod = dep["spec"]["template"]["spec"]
         c = pod["containers"][0]
-        assert c["image"] == f"{IMAGE}:0.1.0" and c["command"] == ["nodewarm"] and "--leader-elect" in c["args"]
+        assert c["image"] == f"{IMAGE}:{__version__}" and c["command"] == ["nodewarm"] and "--leader-elect" in c["args"]
         assert k.get(Resource("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor", namespaced=True),
                      manifests.NAME, "nodewarm")["spec"]["endpoints"][0]["port"] == "metrics"
         # The pod as its kubelet would start it: the image's `nodewarm` (the console script of this environment),
