@@ -104,6 +104,7 @@ class ClaimView:
     launched: float | None          # Launched=True lastTransitionTime
     registered: float | None        # Registered=True lastTransitionTime
     resource_version: str = field(default="", compare=False)
+    disrupting: str = ""            # why Karpenter is already taking it down (karpenter_disruption), or ""
 
     @classmethod
     def from_obj(cls, o: dict) -> "ClaimView":
@@ -117,8 +118,28 @@ class ClaimView:
             name=md["name"], uid=md.get("uid", ""), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             provider_id=status.get("providerID", ""), created=parse_time(md.get("creationTimestamp")) or 0.0,
             deleting=bool(md.get("deletionTimestamp")), launched=true_at("Launched"), registered=true_at("Registered"),
-            resource_version=md.get("resourceVersion", ""),
+            resource_version=md.get("resourceVersion", ""), disrupting=karpenter_disruption(o),
         )
+
+
+# How Karpenter marks a NodeClaim it is taking down before the deletion itself (kubernetes-sigs/karpenter):
+# the disruption queue (drift, consolidation and, from v1.15, repair as reason Unhealthy) sets the status
+# condition DisruptionReason=True with the reason (``pkg/controllers/disruption/queue.go`` markDisrupted) and
+# taints the Node karpenter.sh/disrupted:NoSchedule; node repair (``pkg/controllers/node/health``) stamps
+# karpenter.sh/nodeclaim-termination-timestamp just before it deletes the NodeClaim.
+DISRUPTION_CONDITION = "DisruptionReason"
+DISRUPTED_TAINT = "karpenter.sh/disrupted"
+TERMINATION_TIMESTAMP_ANNOTATION = "karpenter.sh/nodeclaim-termination-timestamp"
+
+
+def karpenter_disruption(o: dict) -> str:
+    """Why Karpenter is already disrupting this NodeClaim (its DisruptionReason, or repair's termination stamp)."""
+    c = _condition(o, DISRUPTION_CONDITION)
+    if c is not None and c.status == "True":
+        return c.reason or DISRUPTION_CONDITION
+    if TERMINATION_TIMESTAMP_ANNOTATION in (o["metadata"].get("annotations") or {}):
+        return "TerminationScheduled"
+    return ""
 
 
 @dataclass(frozen=True)

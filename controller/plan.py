@@ -27,8 +27,8 @@ from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
 from .model import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, LABEL_CACHE, LABEL_MODEL, LABEL_PROFILE, LABEL_WARM,
-    STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time, warm_generation,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, DISRUPTED_TAINT, GENERATION_LABEL, LABEL_CACHE, LABEL_MODEL,
+    LABEL_PROFILE, LABEL_WARM, STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time, warm_generation,
 )
 
 # What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
@@ -39,6 +39,10 @@ from .model import (
 # replacing would only burn instances, so onDeadline=replace keeps the node and says why instead.
 UNFIXABLE_REASONS = frozenset({"NotInstanceStore", "InsufficientNVMe", "InvalidModelSource", "S3AccessDenied",
                                "S3ObjectMissing", "InvalidProfile", "InvalidArgument"})
+
+# How soon a deadline replace held back for Karpenter's own disruption looks again (Karpenter drops its mark when
+# a disruption command fails or times out, after which nodewarm's deadline acts).
+KARPENTER_RECHECK_S = 60.0
 
 UNTAINT = "untaint"
 DELETE_CLAIM = "delete_claim"
@@ -267,6 +271,14 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     action = p.readiness.on_deadline
     base = f"not Warm after {p.readiness.deadline} (last: {gated.reason}: {gated.message})"
     if action == "replace" and gated.reason not in UNFIXABLE_REASONS:
+        by_karpenter = claim.disrupting or ("Disrupted" if node.has_taint(DISRUPTED_TAINT) else "")
+        if by_karpenter:
+            # Karpenter is already replacing this node (repair, drift, consolidation): a delete of ours would start
+            # a second replacement for one node. Wait: if Karpenter gives up, its mark goes and this re-plans.
+            return Plan(claim.name, conditions=conds + (Condition(
+                "Replacement", "True", "KarpenterReplacing",
+                f"{base}; not deleting NodeClaim {claim.name}: Karpenter is already disrupting it "
+                f"({by_karpenter}), and one replacement is enough"),), requeue_after=KARPENTER_RECHECK_S)
         msg = f"{base}; deleting NodeClaim {claim.name} so Karpenter launches a replacement"
         return Plan(claim.name, DELETE_CLAIM, conds, (),
                     (node_ev("WarmDeadlineReplace", msg, "Warning"), claim_ev("WarmDeadlineReplace", msg, "Warning")),
@@ -303,3 +315,20 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     return Plan(claim.name, RECORD, conds, tuple(ops),
                 (node_ev("WarmDeadlineKeep", msg, "Warning"), claim_ev("WarmDeadlineKeep", msg, "Warning")),
                 (), (("deadline", "keep"),), deadline="keep")
+
+
+def cleanup_held(profile: str, pool: str, keys: list[str], nodeclaims: int, p: WarmProfile | None) -> Condition:
+    """Why a deleted profile's clean-up waits, what finishing it costs (the nodes Karpenter would replace, and the
+    weights each pulls again), and the ways to finish it."""
+    size = p.model.size_gb if p is not None else None
+    pull = f", {nodeclaims * size:g} GB of weights pulled again ({nodeclaims} x {size:g} GB)" if size else ""
+    taints = " and ".join(keys)
+    return Condition(
+        "Cleanup", "False", "WouldDrift",
+        f"WarmProfile {profile} is deleted, but NodePool {pool} keeps startupTaint {taints}: startupTaints is in "
+        f"Karpenter's NodePool hash, so removing it would drift {nodeclaims} live NodeClaim(s) and Karpenter would "
+        f"replace those nodes{pull}, compile caches cold. Until then this profile stays (Terminating) and new nodes "
+        f"of {pool} are still warmed and untainted. To finish: let {pool} scale to zero nodes (the taint then goes "
+        f"and nothing is replaced), or set spec.injection.onLive: drift on this WarmProfile to remove it now and "
+        f"replace the {nodeclaims} node(s), or take {taints} out of the NodePool yourself (the same replacement). "
+        "Do not remove the finalizer nodewarm.io/cleanup by hand: the taint would stay with nobody to lift it")

@@ -400,3 +400,27 @@ def test_register_to_warm_is_timed_by_the_agents_sub_second_warm_report():
     timeline = json.dumps({"weights_done": fmt_time(T0 + 29.5), "warm_reported": fmt_time(T0 + 29.75)})
     pl = plan(node_obj(annotations={"nodewarm.io/timeline": timeline}))
     assert dict(pl.durations)["register_to_warm"] == pytest.approx(29.75, abs=1e-3)   # registered at T0
+
+
+@pytest.mark.parametrize("mark", ["condition", "annotation", "taint"])
+def test_a_deadline_replace_never_deletes_a_nodeclaim_karpenter_is_already_replacing(mark):
+    """Karpenter's repair (v1.15: a budgeted voluntary disruption, reason Unhealthy) or drift marks the NodeClaim
+    (DisruptionReason=True), or repair stamps the termination time, or the node carries karpenter.sh/disrupted:
+    a delete of ours would start a second replacement for one node."""
+    node, claim = node_obj(warm="False"), claim_obj()
+    node["status"]["conditions"][-1]["reason"] = "S3Unavailable"
+    if mark == "condition":
+        claim["status"]["conditions"].append({"type": "DisruptionReason", "status": "True", "reason": "Unhealthy",
+                                              "lastTransitionTime": fmt_time(T0 + 200)})
+    elif mark == "annotation":
+        claim["metadata"]["annotations"] = {"karpenter.sh/nodeclaim-termination-timestamp": "2027-01-15T10:00:00Z"}
+    else:
+        node["spec"]["taints"].append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
+    replace_ = prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m")
+    pl = plan(node, claim=claim, p=replace_, now=T0 + 301)
+    assert pl.action == planner.NONE and not pl.events and pl.requeue_after == planner.KARPENTER_RECHECK_S
+    held = pl.conditions[-1]
+    assert (held.type, held.reason) == ("Replacement", "KarpenterReplacing")
+    # Karpenter gives up (its mark goes): the deadline acts again, once.
+    assert plan(node_obj(warm="False", taints=(GPU, TAINT)), claim=claim_obj(), p=replace_,
+                now=T0 + 301).action == planner.DELETE_CLAIM
