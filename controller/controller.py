@@ -10,8 +10,9 @@ a paused replace budget). Every replica lists and watches (so a standby's caches
 over); only the Lease holder processes keys, each write bounded by the time its Lease still covers.
 A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
 Deleting a WarmProfile (finalizer ``nodewarm.io/cleanup``) takes its startup taint out of the NodePool and off
-the nodes still carrying it, but leaves userData/instanceStorePolicy in place: removing them would drift
-(replace) every node of the class.
+the nodes still carrying it when that drifts no live NodeClaim (or spec.injection.onLive: drift allows it); else
+the terminating profile keeps gating the pool until it can (``_clean_up``). userData/instanceStorePolicy stay in
+place: removing them would drift (replace) every node of the class.
 """
 
 from __future__ import annotations
@@ -175,8 +176,17 @@ class Controller:
             out += [v.profile for v in views if v.profile is not None and not v.deleting]
         return out
 
+    def held_profiles(self) -> list[WarmProfile]:
+        """Deleted WarmProfiles whose clean-up waits (finalizer still on, see ``_clean_up``): until it finishes
+        they keep gating their pool's new nodes, so none is left under a taint nobody lifts."""
+        if self.profiles is None:
+            return []
+        views = sorted(self.profiles.store.values(), key=lambda v: (v.created, v.name))
+        return [v.profile for v in views if v.profile is not None and v.deleting and FINALIZER in v.finalizers]
+
     def profile_for_pool(self, pool: str) -> WarmProfile | None:
-        for p in self.all_profiles():
+        """The live profile bound to ``pool``, else a deleted one still holding its taint there."""
+        for p in self.all_profiles() + self.held_profiles():
             if p.nodes.node_pool == pool:
                 return p
         return None
@@ -204,6 +214,10 @@ class Controller:
             if kind != "DELETED" and new is not None and new.provider_id:
                 self._claim_by_pid[new.provider_id] = new.name
         name = (new or old).name
+        # A held clean-up finishes once removing the taint drifts nothing: re-check it as claims come and go.
+        for p in self.held_profiles():
+            if p.nodes.node_pool == (new or old).nodepool:
+                self.queue.add(f"profile/{p.name}")
         if kind == "DELETED":
             self.queue.forget(f"claim/{name}")
             self.log.info("nodeclaim.deleted", nodeclaim=name)
@@ -237,7 +251,7 @@ class Controller:
 
     def _on_target(self, kind: str, old, new) -> None:
         name = (new or old)[0]
-        for p in self.all_profiles():
+        for p in self.all_profiles() + self.held_profiles():
             if name in (p.nodes.node_pool, p.nodes.node_class):
                 self.queue.add(f"profile/{p.name}")
 
@@ -259,7 +273,7 @@ class Controller:
                 self.queue.add(f"claim/{name}")
 
     def _enqueue_all(self) -> None:
-        for p in self.all_profiles():
+        for p in self.all_profiles() + self.held_profiles():
             self.queue.add(f"profile/{p.name}")
         self._enqueue_claims()
 
@@ -535,10 +549,14 @@ class Controller:
         self.events.emit(planner.EventSpec("WarmProfile", view.name, view.uid, cond.reason, cond.message, "Warning"))
 
     def _clean_up(self, view: ProfileView):
-        """A deleted WarmProfile: its startup taint leaves the NodePool (new nodes would stay tainted until
-        expireAfter, 720 h by default) and the nodes still carrying it; then the finalizer goes.
-        The NodeClass's user data stays: removing it would replace every node, and an agent whose profile is
-        gone only reports ProfileNotFound."""
+        """A deleted WarmProfile: its startup taint leaves the NodePool and the nodes still carrying it; then the
+        finalizer goes. The taint is hashed into the NodePool (removing it drifts every live NodeClaim exactly as
+        adding it did), so the injection guard decides: with live NodeClaims it would drift and spec.injection.onLive
+        not ``drift``, the taint stays and so does the finalizer. The terminating profile then keeps gating the
+        pool (agents still read it, the controller still lifts the taint once a node is Warm): no node is replaced
+        and none is left stuck; condition Cleanup=False (WouldDrift) says how to finish and what it costs.
+        The NodeClass's user data stays either way: removing it would replace every node, and an agent whose
+        profile is gone only reports ProfileNotFound."""
         if FINALIZER not in view.finalizers or self.opt.dry_run:
             return None
         pool = view.injected.get("nodePool") or (view.profile.nodes.node_pool if view.profile else None)
@@ -546,9 +564,11 @@ class Controller:
                             *(view.injected.get("retiredTaintKeys") or ())) if k}
         if pool and any(other.nodes.node_pool == pool for other in self.all_profiles()):
             keys -= {other.readiness.taint_key for other in self.all_profiles() if other.nodes.node_pool == pool}
+        on_live = view.profile.injection.on_live if view.profile else "refuse"
+        held = []
         for key in sorted(keys) if pool else ():
             try:
-                done = self.injector.release(pool, key)
+                done = self.injector.release(pool, key, on_live)
             except ApiException as e:
                 if e.status == 404:
                     done = None
@@ -563,11 +583,22 @@ class Controller:
                     done = None
                 else:
                     raise
+            if done is not None and not done.done:
+                held.append(done)
+                continue
             if done is not None and done.applied:
+                cost = f"; {done.drifting} node(s) replaced (spec.injection.onLive: drift)" if done.drifting else ""
                 self.events.emit(planner.EventSpec("NodePool", pool, "", "NodewarmReleased",
-                                                   f"WarmProfile {view.name} deleted: removed startupTaint {key}"))
+                                                   f"WarmProfile {view.name} deleted: removed startupTaint {key}{cost}"))
             lifted = self._lift_taint(pool, key)
             self.log.info("profile.cleaned", profile=view.name, nodepool=pool, taint=key, nodes_untainted=lifted)
+        if held:
+            cond = planner.cleanup_held(view.name, pool, [r.taint_key for r in held], max(r.drifting for r in held),
+                                        view.profile)
+            self.log.info("profile.cleanup_held", profile=view.name, nodepool=pool, nodeclaims=held[0].drifting)
+            self._profile_event(view, cond)
+            self._set_profile_condition(view, cond)
+            return None
         ops = [{"op": "test", "path": "/metadata/finalizers", "value": list(view.finalizers)},
                {"op": "replace", "path": "/metadata/finalizers", "value": [f for f in view.finalizers if f != FINALIZER]}]
         try:

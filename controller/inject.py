@@ -8,8 +8,9 @@ reads the live objects and, in order:
    instance types) — Injected=False with that reason;
 2. compares; nothing differs -> UpToDate, and nothing is sent (a no-op must provably write nothing);
 3. ``spec.injection.mode: verify`` stops here and reports the differences;
-4. counts the NodeClaims the change would drift (drift.py: the fields Karpenter hashes; every NodePool that
-   references the class) and refuses with ``WouldDrift`` unless ``spec.injection.onLive: drift``;
+4. counts the NodeClaims the change would drift (``nodeclasses.driftpreview``, the answer `render --diff` gives:
+   Karpenter's hash stamps and requirement drift, every NodeClaim of the class whatever its pool) and refuses
+   with ``WouldDrift`` unless ``spec.injection.onLive: drift``;
 5. applies with server-side apply *without* force: a field another manager owns (Argo CD, Flux) is reported
    as ``Conflict`` naming that manager, never taken.
 
@@ -27,9 +28,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes, logs, profile
 from nodewarm.errors import NodewarmError
-from nodewarm.nodeclasses import drift
+from nodewarm.nodeclasses import driftpreview
 from nodewarm.nodeclasses import inject as desired
-from nodewarm.nodeclasses.labels import NODEPOOL_LABEL
 from nodewarm.profile import WarmProfile
 
 from .kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
@@ -45,6 +45,17 @@ class TargetResult:
     changed_fields: tuple[str, ...]     # what differs (what was, or would be, applied)
     applied: bool
     resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a deleted profile's clean-up did to one startup taint of its NodePool."""
+
+    pool: str
+    taint_key: str
+    done: bool                  # the taint is out of the pool (removed now, or it was not there)
+    applied: bool = False       # removed by this call
+    drifting: int = 0           # live NodeClaims the removal drifts (drifted, if applied; else why it was held)
 
 
 @dataclass(frozen=True)
@@ -95,15 +106,17 @@ class Injector:
                 return None
             raise
 
-    def drift_count(self, nc_res: Resource, nodeclass: dict, pool_name: str, targets: list[str]) -> tuple[int, list[str]]:
-        """How many live NodeClaims the change to ``targets`` (kinds) would drift, and in which NodePools."""
-        pools = {pool_name} if "NodePool" in targets else set()
-        if nc_res.kind in targets:
-            pools |= set(drift.nodepools_using(nodeclass, self.kube.list(NODEPOOLS).get("items", [])))
-        claims = [c for c in self.kube.list(NODECLAIMS).get("items", [])
-                  if (c["metadata"].get("labels") or {}).get(NODEPOOL_LABEL) in pools
-                  and not c["metadata"].get("deletionTimestamp")]
-        return len(claims), sorted(pools)
+    def _live_objects(self, targets: list[tuple[Resource, dict]]) -> tuple[list[dict], list[dict]]:
+        """(the live objects, with their kind, and every NodeClaim): what ``driftpreview`` judges a write against."""
+        live = [{"kind": res.kind, **obj} for res, obj in targets if obj is not None]
+        return live, self.kube.list(NODECLAIMS).get("items", [])
+
+    def drift_preview(self, targets: list[tuple[Resource, dict, dict]]) -> driftpreview.Preview:
+        """What applying each ``(resource, live object, SSA body)`` would drift: the one answer `render --diff`
+        also gives (nodeclasses/driftpreview.py), from a live read of the NodeClaims."""
+        live, claims = self._live_objects([(res, cur) for res, cur, _ in targets])
+        after = [{"kind": res.kind, **driftpreview.objects_after(cur, body)} for res, cur, body in targets]
+        return driftpreview.preview(after, live, claims)
 
     def reconcile(self, p: WarmProfile, previous_taint_key: str | None = None) -> InjectResult:
         nc_res = nodeclass_resource(p)
@@ -142,19 +155,17 @@ class Injector:
         if self.dry_run:
             return InjectResult(p.name, Condition("Injected", "False", "AuditOnly", f"audit mode; would apply {said}"),
                                 tuple(results))
-        drifting = [res.kind for res, current, body, _ in pending
-                    if drift.would_drift(current, drift.merged(current, body))]
-        if drifting:
-            count, pools = self.drift_count(nc_res, nodeclass, p.nodes.node_pool, drifting)
-            if count and p.injection.on_live != "drift":
-                return InjectResult(p.name, Condition(
-                    "Injected", "False", "WouldDrift",
-                    f"changing {said} would drift {count} live NodeClaim(s) of NodePool(s) {', '.join(pools)}: "
-                    "Karpenter would replace those nodes (weights pulled again, caches cold). Render the objects "
-                    "with `nodewarm render` before nodes exist, or set spec.injection.onLive: drift to allow it"),
-                    tuple(results), warning=True)
-            if count:
-                self.log.warning("inject.drifting", profile=p.name, nodeclaims=count, nodepools=pools)
+        pv = self.drift_preview([(res, current, body) for res, current, body, _ in pending])
+        count, pools = pv.count(), pv.pools()
+        if count and p.injection.on_live != "drift":
+            return InjectResult(p.name, Condition(
+                "Injected", "False", "WouldDrift",
+                f"changing {said} would drift {count} live NodeClaim(s) of NodePool(s) {', '.join(pools)}: "
+                "Karpenter would replace those nodes (weights pulled again, caches cold). Render the objects "
+                "with `nodewarm render` before nodes exist, or set spec.injection.onLive: drift to allow it"),
+                tuple(results), warning=True)
+        if count:
+            self.log.warning("inject.drifting", profile=p.name, nodeclaims=count, nodepools=pools)
         applied = []
         for res, current, body, diff in diffs:
             if not diff:
@@ -179,15 +190,20 @@ class Injector:
                                         after["metadata"]["resourceVersion"]))
         return _injected(p, where, advice, applied)
 
-    def release(self, pool_name: str, taint_key: str) -> TargetResult | None:
-        """A deleted profile: take its startup taint out of the NodePool (new nodes would stay tainted until
-        expireAfter otherwise). Returns what was done, None when there was nothing to do."""
+    def release(self, pool_name: str, taint_key: str, on_live: str = "refuse") -> Release:
+        """A deleted profile: take its startup taint out of the NodePool, unless that would drift live NodeClaims
+        and ``on_live`` (the profile's spec.injection.onLive) is not ``drift``: startupTaints is hashed, so removing
+        it replaces every node of the pool exactly as adding it would. The same guard as injection decides."""
         current = self._get(NODEPOOLS, pool_name)
         body = desired.without_taint(pool_name, current, taint_key) if current else None
         if body is None:
-            return None
+            return Release(pool_name, taint_key, done=True)
+        pv = self.drift_preview([(NODEPOOLS, current, body)])
+        if pv.count() and on_live != "drift":
+            return Release(pool_name, taint_key, done=False, drifting=pv.count())
         if self.dry_run:
-            return TargetResult("NodePool", pool_name, ("spec.template.spec.startupTaints",), False)
+            return Release(pool_name, taint_key, done=False, drifting=pv.count())
         after = self.kube.apply(NODEPOOLS, body, force=False)
-        return TargetResult("NodePool", pool_name, ("spec.template.spec.startupTaints",), True,
-                            after["metadata"]["resourceVersion"])
+        self.log.info("release.applied", nodepool=pool_name, taint=taint_key, drifted=pv.count(),
+                      rv=after["metadata"]["resourceVersion"])
+        return Release(pool_name, taint_key, done=True, applied=True, drifting=pv.count())

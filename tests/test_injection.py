@@ -129,20 +129,78 @@ def test_verify_mode_reports_differences_and_writes_nothing(admin, k):
         assert wait_reason(k, inst.name, "UpToDate")["status"] == "True"
 
 
-def test_deleting_a_profile_removes_its_startup_taint_from_the_pool_and_its_nodes(admin, k):
+def _drifted(sim, pool: str, k) -> list[str]:
+    """The NodeClaims of ``pool`` the Karpenter stand-in finds drifted (hash stamps or requirements)."""
+    return [c["metadata"]["name"] for c in k.list(NODECLAIMS)["items"]
+            if (c["metadata"].get("labels") or {}).get("karpenter.sh/nodepool") == pool
+            and not c["metadata"].get("deletionTimestamp") and sim.drifted(c["metadata"]["name"])]
+
+
+def cleanup_condition(k, name):
+    conds = (k.get(WARMPROFILES, name).get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == "Cleanup"), None)
+
+
+def test_deleting_a_profile_with_live_nodeclaims_replaces_no_node_and_new_nodes_still_lift(kube, admin, k):
+    """startupTaints is in Karpenter's NodePool hash: taking nodewarm's taint out while NodeClaims live drifts
+    (replaces) them all. So the taint stays, the terminating profile keeps gating the pool (a new node still warms
+    and is untainted), the condition says how to finish and what it costs, and the clean-up ends by itself once the
+    pool has no NodeClaim left."""
+    from nodewarm.bootstrap.nodestatus import report_warm
+
     sim = KarpenterSim(admin)
     with installed(k, user_data=None, user_startup_taints=()) as inst, running(admin):
         wait_reason(k, inst.name, "UpToDate")
-        assert "nodewarm.io/cleanup" in k.get(WARMPROFILES, inst.name)["metadata"]["finalizers"]
+        old = sim.scale_up(inst.pool, node_name="node-6")        # launched with nodewarm's taint in the pool
+        assert _drifted(sim, inst.pool, k) == []
+        k.delete(WARMPROFILES, inst.name)
+        cond = wait_for(lambda: cleanup_condition(k, inst.name), what="the clean-up held, and why")
+        assert (cond["status"], cond["reason"]) == ("False", "WouldDrift")
+        for words in ("would drift 1 live NodeClaim(s)", "67 GB of weights pulled again (1 x 67 GB)",
+                      "scale to zero", "spec.injection.onLive: drift"):
+            assert words in cond["message"], cond["message"]
+        assert any(e["reason"] == "WouldDrift" and e["type"] == "Warning" for e in events_for(k, "WarmProfile", inst.name))
+        taints = k.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"]["startupTaints"]
+        assert [t["key"] for t in taints] == [TAINT]               # kept: the pool's hash did not change
+        assert _drifted(sim, inst.pool, k) == []                   # no node replaced
+
+        # A node launched while the clean-up waits carries the taint; it warms and is untainted as before.
+        new = sim.scale_up(inst.pool, node_name="node-5")
+        report_warm(kube.api_client(kube.node_token("node-5")), "node-5", True, "WeightsVerified", "ok")
+        wait_for(lambda: TAINT not in taint_keys(k, "node-5"), what="a new node of the held pool untainted")
+        assert _drifted(sim, inst.pool, k) == []
+
+        # The pool scales to zero: now the taint can go without replacing anything, and the profile goes with it.
+        for n in (old, new):
+            sim.delete_nodeclaim(n.claim)
+            sim.finish_termination(n.claim)
+        wait_for(lambda: not _exists(k, WARMPROFILES, inst.name), what="the clean-up finished")
+        assert not k.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"].get("startupTaints")
+
+
+def test_deleting_a_profile_with_onlive_drift_removes_the_taint_and_says_what_it_replaced(admin, k):
+    sim = KarpenterSim(admin)
+    with installed(k, user_data=None, user_startup_taints=(), spec__injection__onLive="drift") as inst, running(admin):
+        wait_reason(k, inst.name, "UpToDate")
         n = sim.scale_up(inst.pool, node_name="node-6")
-        assert TAINT in taint_keys(k, "node-6")
+        k.delete(WARMPROFILES, inst.name)
+        wait_for(lambda: not _exists(k, WARMPROFILES, inst.name), what="profile gone after its clean-up")
+        assert all(t["key"] != TAINT for t in k.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"].get(
+            "startupTaints") or ())
+        assert TAINT not in taint_keys(k, "node-6")
+        assert _drifted(sim, inst.pool, k) == [n.claim]           # the user asked: Karpenter replaces it
+        ev = [e for e in events_for(k, "NodePool", inst.pool) if e["reason"] == "NodewarmReleased"]
+        assert ev and "1 node(s) replaced" in ev[0]["message"]
+
+
+def test_deleting_a_profile_of_a_pool_without_nodes_removes_its_taint_at_once(admin, k):
+    with installed(k, user_data=None, user_startup_taints=()) as inst, running(admin):
+        wait_reason(k, inst.name, "UpToDate")
+        assert "nodewarm.io/cleanup" in k.get(WARMPROFILES, inst.name)["metadata"]["finalizers"]
         k.delete(WARMPROFILES, inst.name)
         wait_for(lambda: not _exists(k, WARMPROFILES, inst.name), what="profile gone after its clean-up")
         taints = k.get(NODEPOOLS, inst.pool)["spec"]["template"]["spec"].get("startupTaints") or []
         assert all(t["key"] != TAINT for t in taints)
-        assert TAINT not in taint_keys(k, "node-6")
-        assert k.get(NODES, "node-6")["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
-        assert n.claim
 
 
 def test_a_renamed_taint_key_replaces_the_old_one_and_old_nodes_still_lift(kube, admin, k):
