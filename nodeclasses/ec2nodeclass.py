@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodewarm.profile import WarmProfile
+from nodewarm.profile import WarmProfile, check_ami_alias
 
 from .labels import MANAGED_BY, PROFILE_LABEL
 
@@ -14,7 +14,10 @@ def owned_spec(user_data: str) -> dict:
 
 
 def render(p: WarmProfile, user_data: str) -> dict:
+    """The EC2NodeClass; its AMI is the profile's pinned alias (``profile.check_ami_alias``: never a silent
+    al2023@latest, whose every release drifts every node: the provider's AMIDrift)."""
     n = p.nodes
+    check_ami_alias(p)
     family = "Bottlerocket" if n.ami_alias.startswith("bottlerocket@") else "AL2023"
     return {
         "apiVersion": "karpenter.k8s.aws/v1",

@@ -13,10 +13,12 @@ Requirements have a *dynamic* check instead (``pkg/controllers/nodeclaim/disrupt
 from __future__ import annotations
 
 import math
+import re
 
 from nodewarm.generation import GENERATION_LABEL
+from nodewarm import sizing
 from nodewarm.instancetypes import InstanceType
-from nodewarm.profile import WarmProfile
+from nodewarm.profile import DriftPace, WarmProfile
 
 from .labels import GPU_TAINT, INSTANCE_TYPE_LABEL, MANAGED_BY, PROFILE_LABEL
 
@@ -92,10 +94,31 @@ def limits(p: WarmProfile, types: dict[str, InstanceType]) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def drift_budgets(pace: DriftPace | None) -> list[dict]:
+    """spec.nodes.disruption.drift as Karpenter budgets for reason Drifted. Karpenter applies the most restrictive
+    active budget for a reason, and a budget with a schedule is active only from its (UTC cron) start for its
+    duration; so "drift only in the window" is a budget of 0 over the rest of the day, starting when the window
+    ends."""
+    if pace is None:
+        return []
+    out = [{"nodes": pace.nodes, "reasons": ["Drifted"]}]
+    if pace.window is not None:
+        h, m = (int(x) for x in pace.window.start.split(":"))
+        length_m = sizing.parse_duration_s(pace.window.duration) // 60
+        end = (h * 60 + m + length_m) % (24 * 60)
+        rest = 24 * 60 - length_m
+        out.append({"nodes": "0", "reasons": ["Drifted"], "schedule": f"{end % 60} {end // 60} * * *",
+                    "duration": f"{rest // 60}h{rest % 60}m" if rest % 60 else f"{rest // 60}h"})
+    return out
+
+
 def disruption(p: WarmProfile) -> dict:
     d = p.nodes.disruption
     return {"consolidationPolicy": d.consolidation_policy, "consolidateAfter": d.consolidate_after,
-            "budgets": [dict(b) for b in (d.budgets or DEFAULT_BUDGETS)]}
+            "budgets": [dict(b) for b in (d.budgets or DEFAULT_BUDGETS)] + drift_budgets(d.drift)}
+
+
+_GO_INT = re.compile(r"[+-]?[0-9]+")
 
 
 def _label_matches(req: dict, labels: dict[str, str]) -> bool:
@@ -113,12 +136,13 @@ def _label_matches(req: dict, labels: dict[str, str]) -> bool:
         return True
     if op == "DoesNotExist":
         return False
-    if op in ("Gt", "Lt"):
-        try:
-            n, bound = int(value), int(values[0])
-        except (ValueError, IndexError):
+    if op in ("Gt", "Lt", "Gte", "Lte"):
+        # Gte/Lte since v1.9.0 (``pkg/scheduling/requirement.go``: Gt N is kept as Gte N+1, Lt N as Lte N-1);
+        # a value that is not an integer (strconv.Atoi) is outside every bound.
+        if not values or not _GO_INT.fullmatch(value) or not _GO_INT.fullmatch(values[0]):
             return False
-        return n > bound if op == "Gt" else n < bound
+        n, bound = int(value), int(values[0])
+        return {"Gt": n > bound, "Lt": n < bound, "Gte": n >= bound, "Lte": n <= bound}[op]
     return False
 
 

@@ -56,10 +56,26 @@ class NodeLimits:
 
 
 @dataclass(frozen=True)
+class DriftWindow:
+    start: str                     # HH:MM, UTC (Karpenter's budget schedules are UTC cron)
+    duration: str                  # Karpenter duration, under 24h
+
+
+@dataclass(frozen=True)
+class DriftPace:
+    """How fast drift (an AMI release, a changed alias or template) may replace warm nodes: NodePool budgets with
+    reasons [Drifted] (nodeclasses/nodepool.py renders them)."""
+
+    nodes: str = "1"
+    window: DriftWindow | None = None
+
+
+@dataclass(frozen=True)
 class Disruption:
     consolidation_policy: str      # WhenEmpty | WhenEmptyOrUnderutilized
     consolidate_after: str         # Karpenter duration or Never
     budgets: tuple[dict, ...]      # as Karpenter spells them; empty: nodewarm's default
+    drift: DriftPace | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +85,7 @@ class Nodes:
     node_class: str
     instance_types: tuple[str, ...]
     role: str | None
-    ami_alias: str
+    ami_alias: str                 # "family@version"; "" when unset (render refuses it in karpenter mode)
     subnet_selector_terms: tuple[dict, ...]
     security_group_selector_terms: tuple[dict, ...]
     user_data: str | None
@@ -297,6 +313,13 @@ def default_prepull_timeout(deadline: str) -> str:
     return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
 
 
+def _drift_pace(d: dict | None) -> DriftPace | None:
+    if d is None:
+        return None
+    w = d.get("window")
+    return DriftPace(nodes=d.get("nodes", "1"), window=DriftWindow(w["start"], w["duration"]) if w else None)
+
+
 def from_dict(doc: dict) -> WarmProfile:
     """Schema-validate and build the typed profile (defaults applied). Semantic checks: see ``check``."""
     _check_deadline(doc)
@@ -330,7 +353,7 @@ def from_dict(doc: dict) -> WarmProfile:
             node_class=n["nodeClass"],
             instance_types=tuple(n["instanceTypes"]),
             role=n.get("role"),
-            ami_alias=n.get("amiAlias", "al2023@latest"),
+            ami_alias=n.get("amiAlias", ""),
             subnet_selector_terms=tuple(n.get("subnetSelectorTerms", ())),
             security_group_selector_terms=tuple(n.get("securityGroupSelectorTerms", ())),
             user_data=n.get("userData"),
@@ -343,7 +366,8 @@ def from_dict(doc: dict) -> WarmProfile:
             disruption=Disruption(
                 consolidation_policy=n.get("disruption", {}).get("consolidationPolicy", "WhenEmpty"),
                 consolidate_after=n.get("disruption", {}).get("consolidateAfter", "10m"),
-                budgets=tuple(n.get("disruption", {}).get("budgets", ()))),
+                budgets=tuple(n.get("disruption", {}).get("budgets", ())),
+                drift=_drift_pace(n.get("disruption", {}).get("drift"))),
         ),
         compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey"), publisher=(
             Publisher(cc["publisher"]["image"], cc["publisher"]["signingKeySecret"],
@@ -472,6 +496,21 @@ def check_nodepool(p: WarmProfile) -> None:
         if ("schedule" in b) != ("duration" in b):
             raise ProfileError(f"{where}.{'duration' if 'schedule' in b else 'schedule'}", None,
                                "schedule and duration go together (Karpenter's rule): set both or neither")
+    pace = n.disruption.drift
+    if pace is not None and pace.window is not None and sizing.parse_duration_s(pace.window.duration) >= 86400:
+        raise ProfileError("spec.nodes.disruption.drift.window.duration", pace.window.duration,
+                           "a daily window shorter than 24h, e.g. 4h; for no window at all, remove window")
+
+
+def check_ami_alias(p: WarmProfile) -> None:
+    """Karpenter mode renders an EC2NodeClass: its AMI must be a choice, never a silent al2023@latest (every AMI
+    release would replace every warm node, each pulling its weights again)."""
+    if p.nodes.mode == "karpenter" and not p.nodes.ami_alias:
+        raise ProfileError("spec.nodes.amiAlias", None,
+                           "pin the AMI release the nodes run, e.g. al2023@v20241011 or bottlerocket@v1.20.4 "
+                           "(Karpenter picks that release's NVIDIA variant for GPU types). al2023@latest is allowed "
+                           "when written out: then each AMI release replaces every warm node of the pool "
+                           "(AMIDrift), at the pace of spec.nodes.disruption.drift")
 
 
 def check_prepull_timeout(p: WarmProfile) -> None:

@@ -27,6 +27,7 @@ BASE = {
                     "chunkSizeGB": 4},
         "nodes": {"mode": "karpenter", "nodePool": "gpu-p5", "nodeClass": "gpu-p5",
                   "instanceTypes": ["p5.48xlarge"], "role": "KarpenterNodeRole-my-cluster", "region": "us-west-2",
+                  "amiAlias": "al2023@v20241011",
                   "subnetSelectorTerms": [{"tags": {"karpenter.sh/discovery": "my-cluster"}}],
                   "securityGroupSelectorTerms": [{"tags": {"karpenter.sh/discovery": "my-cluster"}}]},
         "compileCache": {"uri": "s3://cache-bucket/compile-cache/"},
@@ -45,6 +46,8 @@ def variant(mode: str = "karpenter", **changes) -> dict:
     (None deletes the key)."""
     doc = copy.deepcopy(BASE)
     doc["spec"]["nodes"]["mode"] = mode
+    if mode == "automode":
+        del doc["spec"]["nodes"]["amiAlias"]        # Auto Mode picks the AMI itself
     for path, value in changes.items():
         *parents, leaf = path.split(".")
         node = doc

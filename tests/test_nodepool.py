@@ -386,3 +386,60 @@ def test_tp_times_pp_more_gpus_than_a_node_has_is_refused():
     assert "16 GPUs in one pod, but p5.48xlarge has 8" in str(e.value) and "at most 2" in str(e.value)
     ok = v(spec__serving__tensorParallelSize=4, spec__serving__extraArgs=["-pp", "2"])
     profile.check(profile.from_dict(ok), instancetypes.offline_table())
+
+
+# --- AMI drift is a choice ---------------------------------------------------------------------------------------
+
+def test_render_refuses_a_karpenter_profile_without_a_pinned_ami_naming_the_field_and_the_fix():
+    doc = v(spec__nodes__amiAlias=None)
+    p, types = checked(doc)                  # a valid profile: the controller (which injects) needs no alias
+    with pytest.raises(ProfileError) as e:
+        render(p, types)
+    assert e.value.field == "spec.nodes.amiAlias"
+    assert "al2023@v20241011" in str(e.value) and "al2023@latest" in str(e.value) and "AMIDrift" in str(e.value)
+    assert "amiAlias" not in str(kind(docs_of(v("automode")), "NodeClass"))   # Auto Mode picks its own AMI
+
+
+@pytest.mark.parametrize("alias, ok", [("al2023@v20241011", True), ("al2023@latest", True),
+                                       ("bottlerocket@v1.20.4", True), ("bottlerocket@1.20.4", True),
+                                       ("al2023@2024", False), ("al2023@v2024-10-11", False), ("al2@latest", False)])
+def test_the_alias_must_be_a_release_karpenter_resolves_or_latest_written_out(alias, ok):
+    if ok:
+        assert kind(docs_of(v(spec__nodes__amiAlias=alias)), "EC2NodeClass")["spec"]["amiSelectorTerms"] == [
+            {"alias": alias}]
+    else:
+        assert refused(v(spec__nodes__amiAlias=alias)).field == "spec.nodes.amiAlias"
+
+
+@pytest.mark.parametrize("window, blocked", [
+    ({"start": "02:00", "duration": "4h"}, {"schedule": "0 6 * * *", "duration": "20h"}),
+    ({"start": "22:30", "duration": "150m"}, {"schedule": "0 1 * * *", "duration": "21h30m"}),
+    (None, None),
+])
+def test_a_drift_pace_renders_budgets_for_reason_drifted(window, blocked):
+    pace = {"nodes": "2", **({"window": window} if window else {})}
+    budgets = pool_of(v(spec__nodes__disruption={"drift": pace}))["spec"]["disruption"]["budgets"]
+    assert budgets[0] == {"nodes": "1"}                                      # the default still caps every reason
+    assert budgets[1] == {"nodes": "2", "reasons": ["Drifted"]}
+    if blocked:
+        # Outside the window, Karpenter's most restrictive active budget for Drifted is 0: no drift replacement.
+        assert budgets[2] == {"nodes": "0", "reasons": ["Drifted"], **blocked}
+    else:
+        assert len(budgets) == 2
+    crds = crdvalidate.load_dir(kubeenv.upstream_crd_files())
+    assert crdvalidate.validate([pool_of(v(spec__nodes__disruption={"drift": pace}))], crds) == {}
+
+
+@pytest.mark.parametrize("drift_, field", [
+    ({"window": {"start": "02:00", "duration": "24h"}}, "spec.nodes.disruption.drift.window.duration"),
+    ({"window": {"start": "25:00", "duration": "4h"}}, "spec.nodes.disruption.drift.window.start"),
+    ({"nodes": "101%"}, "spec.nodes.disruption.drift.nodes"),
+    ({"window": {"start": "02:00"}}, "spec.nodes.disruption.drift.window"),
+])
+def test_a_drift_pace_that_cannot_work_is_refused_naming_the_field(drift_, field):
+    assert refused(v(spec__nodes__disruption={"drift": drift_})).field == field
+
+
+def test_a_budget_schedule_that_is_not_cron_is_refused():
+    e = refused(v(spec__nodes__disruption={"budgets": [{"nodes": "0", "schedule": "nightly", "duration": "2h"}]}))
+    assert e.field == "spec.nodes.disruption.budgets[0].schedule"

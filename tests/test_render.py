@@ -57,7 +57,7 @@ def test_karpenter_mode_nodeclass_and_nodepool():
     docs = rendered(v())
     nc = by_kind(docs, "EC2NodeClass")["spec"]
     assert nc["instanceStorePolicy"] == "RAID0"
-    assert nc["amiSelectorTerms"] == [{"alias": "al2023@latest"}]
+    assert nc["amiSelectorTerms"] == [{"alias": "al2023@v20241011"}]     # the pinned release, never a silent @latest
     assert nc["role"] == "KarpenterNodeRole-my-cluster"
     assert nc["userData"].startswith("MIME-Version: 1.0") or "Content-Type: multipart/mixed" in nc["userData"]
     pool = by_kind(docs, "NodePool")["spec"]["template"]["spec"]
