@@ -32,8 +32,16 @@ Instance NVMe/GPU facts come from a built-in table, or from EC2 DescribeInstance
 --instance-source ec2 (uses the standard AWS environment).
 When spec.model.sizeGB is omitted, --measure lists the S3 prefix (standard AWS environment) to size it.
 
-Exit codes: 0 ok; 2 invalid profile (the message names the field, the bad value and the fix);
-1 other failures (S3/EC2 unreachable, CRD check failed).
+Drift preview (nothing is applied): --diff reads the live cluster (--kubeconfig, else $KUBECONFIG /
+~/.kube/config, as `nodewarm status` does) and prints, for the NodePool and NodeClass this profile renders,
+every live NodeClaim the apply would drift and why: the hash Karpenter stamped on it against the object's
+once the rendered fields land (NodePoolDrifted, NodeClassDrift), and the pool's requirements against its labels
+(RequirementsDrifted). Karpenter replaces drifted nodes within the pool's disruption budgets. The controller's
+WouldDrift guard gives the same answer (one function, nodeclasses/driftpreview.py).
+
+Exit codes: 0 ok (with --diff: nothing would drift); 3 with --diff: some NodeClaim would drift;
+2 invalid profile (the message names the field, the bad value and the fix);
+1 other failures (S3/EC2 or the cluster unreachable, CRD check failed).
 
 First install, in one command: the CRD first, then (once the API server serves the kind) the profile:
   nodewarm render --crd | kubectl apply --server-side -f - \\
@@ -45,6 +53,7 @@ Example:
   nodewarm render -f examples/karpenter-al2023.yaml | kubectl apply --server-side -f -
   nodewarm render -f profile.yaml -o out/ --crds ~/karpenter/pkg/apis/crds
   nodewarm render -f profile.yaml --device-plugin-patch kube-system/nvidia-device-plugin-daemonset | sh
+  nodewarm render -f profile.yaml --diff && nodewarm render -f profile.yaml | kubectl apply --server-side -f -
 """
 
 
@@ -98,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(deviceplugin.commands(args.device_plugin_patch, p.readiness.taint_key))
         return 0
     out = render(p, types)
+    if args.diff:
+        from nodewarm.status import api_client_from
+
+        from . import livediff
+
+        diff = livediff.read(api_client_from(args.kubeconfig), out.documents)
+        sys.stdout.write("".join(line + "\n" for line in livediff.report(diff, p.model.size_gb)))
+        return livediff.WOULD_DRIFT_EXIT if diff.preview.count() else 0
     if args.with_controller:
         from nodewarm.controller import manifests
 
@@ -132,6 +149,14 @@ def run(args: argparse.Namespace) -> int:
     if out.pod_identity_commands and not args.output_dir:
         print("EKS Pod Identity associations to create (see -o for a script):\n  "
               + "\n  ".join(out.pod_identity_commands), file=sys.stderr)
+    if p.nodes.mode == "karpenter" and p.nodes.ami_alias.endswith("@latest"):
+        pace = p.nodes.disruption.drift
+        print(f"amiAlias {p.nodes.ami_alias}: each AMI release drifts every node of NodePool {p.nodes.node_pool} "
+              f"(AMIDrift): {p.serving.replicas} serving node(s) x {p.model.size_gb:g} GB of weights pulled again; "
+              + (f"paced by spec.nodes.disruption.drift ({pace.nodes} at a time"
+                 + (f", {pace.window.start} UTC for {pace.window.duration})" if pace.window else ")")
+                 if pace else "at the pace of the pool's budgets, at any hour (set spec.nodes.disruption.drift)"),
+              file=sys.stderr)
     if out.user_data_budget_left is not None:
         print(f"userData budget left (after an estimate of Karpenter's own parts): {out.user_data_budget_left} bytes",
               file=sys.stderr)
@@ -154,6 +179,11 @@ def register(sub) -> None:
     r.add_argument("--with-controller", metavar="IMAGE",
                    help="also render the controller (Namespace, least-privilege RBAC, 2-replica Deployment) "
                         "running IMAGE; the CRD comes from --crd, applied first")
+    r.add_argument("--diff", action="store_true",
+                   help="apply nothing: print which live NodeClaims applying the rendered NodePool/NodeClass would "
+                        "drift (Karpenter replaces them) and why; exit 3 if any would")
+    r.add_argument("--kubeconfig", help="with --diff: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, "
+                                        "else in-cluster)")
     r.add_argument("--device-plugin-patch", metavar="[NAMESPACE/]DAEMONSET",
                    help="print only the kubectl JSON patch that lets this device plugin DaemonSet (default namespace "
                         "kube-system) tolerate the profile's startup taint, so warming nodes advertise their GPUs "

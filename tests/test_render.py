@@ -255,6 +255,21 @@ def test_cli_render_prints_yaml_and_exit_code_2_on_bad_profile(tmp_path, capsys)
     assert "spec.serving.tensorParallelSize" in err and "3" in err and "[1, 2, 4, 8]" in err
 
 
+def test_cli_render_makes_the_ami_a_choice_and_says_what_latest_costs(tmp_path, capsys):
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(v(spec__nodes__amiAlias=None)))
+    assert main(["render", "-f", str(f)]) == 2                    # no silent al2023@latest
+    err = capsys.readouterr().err
+    assert "spec.nodes.amiAlias" in err and "al2023@v20241011" in err
+    f.write_text(yaml.safe_dump(v(spec__nodes__amiAlias="al2023@latest", spec__serving__replicas=3)))
+    assert main(["render", "-f", str(f)]) == 0                    # written out: a choice, priced on stderr
+    err = capsys.readouterr().err
+    assert "3 serving node(s) x 67 GB of weights pulled again" in err and "spec.nodes.disruption.drift" in err
+    f.write_text(yaml.safe_dump(v()))                             # pinned: nothing to warn about
+    assert main(["render", "-f", str(f)]) == 0
+    assert "AMIDrift" not in capsys.readouterr().err
+
+
 def _missing(sent, stored, path="spec") -> list[str]:
     """Paths of values in ``sent`` that ``stored`` lacks or holds differently (extra keys allowed)."""
     if isinstance(sent, dict) and isinstance(stored, dict):
