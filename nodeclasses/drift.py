@@ -1,19 +1,21 @@
-"""Which changes to a NodeClass or NodePool make Karpenter replace nodes, computed from the fields it hashes.
+"""Which changes make Karpenter replace nodes: its drift checks, on top of its exact hashes (karpenterhash.py).
 
-Karpenter stamps a hash of these fields on each NodeClaim at launch and marks the NodeClaim Drifted (then
-replaces it) when the live object hashes differently:
+A NodeClaim is drifted, in the order Karpenter checks (kubernetes-sigs/karpenter
+``pkg/controllers/nodeclaim/disruption/drift.go`` ``isDrifted``, then aws/karpenter-provider-aws
+``pkg/cloudprovider/drift.go`` ``isNodeClassDrifted``), only once it is Launched, as:
 
-* EC2NodeClass (aws/karpenter-provider-aws ``pkg/apis/v1/ec2nodeclass.go``, ``Hash()``): all of ``spec``
-  except the fields tagged ``hash:"ignore"`` — the subnet, security-group, capacity-reservation and AMI
-  selector terms (they drift by their resolved values instead), ``ipPrefixCount`` and the literal
-  ``amiFamily``, which is hashed as resolved from the alias instead. Options ``SlicesAsSets``,
-  ``IgnoreZeroValue``, ``ZeroNil``: list order and empty values do not count.
-* NodePool (kubernetes-sigs/karpenter ``pkg/apis/v1/nodepool.go``, ``Hash()``): all of ``spec.template``
-  except ``spec.template.spec.requirements`` and ``.resources`` (``hash:"ignore"``).
-* Auto Mode NodeClass: AWS documents no hash; every ``spec`` field is treated as hashed (the safe side).
+* ``NodePoolDrifted``: the NodePool's ``karpenter.sh/nodepool-hash`` differs from the one stamped on the NodeClaim
+  at launch, when both carry the same ``-hash-version`` (a version change is never drift: the hash controllers
+  re-stamp the NodeClaims instead);
+* ``RequirementsDrifted``: the NodeClaim's labels no longer satisfy the pool's requirements
+  (``nodepool.requirements_drifted``; requirements are outside the hash);
+* ``NodeClassDrift``: the same comparison for ``karpenter.k8s.aws/ec2nodeclass-hash``;
+* ``AMIDrift``: the NodeClaim's ``status.imageID`` is not among the class's resolved ``status.amis`` (every
+  release of an ``@latest`` alias replaces every node).
 
-Citations and the drift mechanics: ../shared/reference/karpenter-semantics.md, "Drift". The controller uses
-``would_drift`` before it changes a live object; the tests use ``static_hash`` to assert "no drift".
+``would_drift(before, after)`` answers "does this edit change a hash", which is what the controller asks before it
+writes a live object. The Auto Mode NodeClass has no documented hash; every change of its spec counts (the safe
+side). Citations: ../shared/reference/karpenter-semantics.md, "Drift, exactly".
 """
 
 from __future__ import annotations
@@ -21,56 +23,98 @@ from __future__ import annotations
 import hashlib
 import json
 
-EC2NODECLASS_IGNORED = ("subnetSelectorTerms", "securityGroupSelectorTerms", "capacityReservationSelectorTerms",
-                        "amiSelectorTerms", "amiFamily", "ipPrefixCount")
-NODEPOOL_TEMPLATE_SPEC_IGNORED = ("requirements", "resources")
-_ALIAS_FAMILIES = {"al2": "AL2", "al2023": "AL2023", "bottlerocket": "Bottlerocket",
-                   "windows2019": "Windows2019", "windows2022": "Windows2022", "windows2025": "Windows2025"}
+from . import karpenterhash
+from .karpenterhash import DEFAULT_EC2NODECLASS_VERSION, HashInputError
+
+NODEPOOL_DRIFTED = "NodePoolDrifted"
+REQUIREMENTS_DRIFTED = "RequirementsDrifted"
+NODECLASS_DRIFT = "NodeClassDrift"
+AMI_DRIFT = "AMIDrift"
 
 
 def ami_family(spec: dict) -> str | None:
-    """EC2NodeClass ``AMIFamily()``: spec.amiFamily, else the family of the alias term, else None."""
-    if spec.get("amiFamily"):
-        return spec["amiFamily"]
-    for term in spec.get("amiSelectorTerms") or ():
-        alias = term.get("alias") if isinstance(term, dict) else None
-        if alias and "@" in alias:
-            return _ALIAS_FAMILIES.get(alias.split("@", 1)[0])
+    """EC2NodeClass ``AMIFamily()`` (``Custom`` when neither amiFamily nor an alias says), None for an alias
+    Karpenter itself could not parse."""
+    try:
+        return karpenterhash.ami_family(spec)
+    except HashInputError:
+        return None
+
+
+def static_hash(obj: dict, ca_bundle: str | None = None, version: str = DEFAULT_EC2NODECLASS_VERSION) -> str:
+    """The value Karpenter stamps for a NodePool or EC2NodeClass; for an Auto Mode NodeClass, a digest of its
+    whole spec."""
+    if obj.get("kind") == "NodeClass":
+        return hashlib.sha256(json.dumps(obj.get("spec") or {}, sort_keys=True).encode()).hexdigest()[:16]
+    return karpenterhash.stamped_hash(obj, ca_bundle, version).value
+
+
+def would_drift(before: dict, after: dict, ca_bundle: str | None = None,
+                version: str = DEFAULT_EC2NODECLASS_VERSION) -> bool:
+    """Whether changing ``before`` into ``after`` changes the hash Karpenter stamps, i.e. marks every live NodeClaim
+    of the object drifted. Fields this model does not know count as hashed when they change."""
+    if before.get("kind") == "NodeClass" or after.get("kind") == "NodeClass":
+        return static_hash(before) != static_hash(after)
+    a = karpenterhash.stamped_hash(before, ca_bundle, version)
+    b = karpenterhash.stamped_hash(after, ca_bundle, version)
+    if a.value != b.value:
+        return True
+    if a.unknown_fields or b.unknown_fields:
+        # A field newer than this model: it may be hashed, so any change under the hashed root counts.
+        return _hashed_root(before) != _hashed_root(after)
+    return False
+
+
+def _hashed_root(obj: dict):
+    spec = obj.get("spec") or {}
+    return spec.get("template") if obj.get("kind") == "NodePool" else spec
+
+
+def stamp_of(obj: dict, hash_annotation: str, version_annotation: str) -> tuple[str, str] | None:
+    """(hash, version) as annotated on ``obj``; None when either annotation is missing."""
+    ann = (obj.get("metadata") or {}).get("annotations") or {}
+    if hash_annotation not in ann or version_annotation not in ann:
+        return None
+    return ann[hash_annotation], ann[version_annotation]
+
+
+NODEPOOL_STAMP = (karpenterhash.NODEPOOL_HASH, karpenterhash.NODEPOOL_HASH_VERSION)
+EC2NODECLASS_STAMP = (karpenterhash.EC2NODECLASS_HASH, karpenterhash.EC2NODECLASS_HASH_VERSION)
+
+
+def _statically_drifted(expected: tuple[str, str] | None, claim: tuple[str, str] | None) -> bool:
+    if expected is None or claim is None:
+        return False                 # nothing stamped yet: Karpenter does not guess
+    if expected[1] != claim[1]:
+        return False                 # another hash version: re-stamped, never drift
+    return expected[0] != claim[0]
+
+
+def nodeclaim_drift(claim: dict, pool: dict, nodeclass: dict | None = None, *,
+                    pool_stamp: tuple[str, str] | None = None, nodeclass_stamp: tuple[str, str] | None = None,
+                    ) -> str | None:
+    """Karpenter's drift reason for ``claim`` (None: not drifted). ``pool_stamp``/``nodeclass_stamp`` are the
+    (hash, version) to compare with; by default the ones annotated on ``pool``/``nodeclass`` by Karpenter's hash
+    controllers. Pass the hash of an object you are about to apply to ask what applying it would do."""
+    from .nodepool import requirements_drifted
+
+    conds = {c.get("type"): c.get("status") for c in (claim.get("status") or {}).get("conditions") or ()}
+    if conds.get("Launched") != "True":
+        return None
+    if _statically_drifted(pool_stamp or stamp_of(pool, *NODEPOOL_STAMP), stamp_of(claim, *NODEPOOL_STAMP)):
+        return NODEPOOL_DRIFTED
+    if requirements_drifted(pool, (claim.get("metadata") or {}).get("labels") or {}):
+        return REQUIREMENTS_DRIFTED
+    if nodeclass is None or nodeclass.get("kind") != "EC2NodeClass":
+        return None
+    if _statically_drifted(nodeclass_stamp or stamp_of(nodeclass, *EC2NODECLASS_STAMP),
+                           stamp_of(claim, *EC2NODECLASS_STAMP)):
+        return NODECLASS_DRIFT
+    amis = {a.get("id") for a in (nodeclass.get("status") or {}).get("amis") or ()}
+    image = (claim.get("status") or {}).get("imageID")
+    if amis and image and image not in amis:
+        return AMI_DRIFT
     return None
-
-
-def _canon(v):
-    """IgnoreZeroValue + SlicesAsSets: drop empty values, order lists."""
-    if isinstance(v, dict):
-        out = {k: _canon(x) for k, x in v.items()}
-        return {k: x for k, x in out.items() if x not in (None, "", 0, False, [], {})}
-    if isinstance(v, list):
-        items = [_canon(x) for x in v]
-        return sorted(items, key=lambda x: json.dumps(x, sort_keys=True))
-    return v
-
-
-def hashed_fields(obj: dict) -> dict:
-    """The part of ``obj`` that Karpenter's drift hash covers, for the kinds nodewarm touches."""
-    kind, spec = obj.get("kind"), obj.get("spec") or {}
-    if kind == "EC2NodeClass":
-        view = {k: v for k, v in spec.items() if k not in EC2NODECLASS_IGNORED}
-        return {"spec": view, "amiFamily": ami_family(spec)}
-    if kind == "NodePool":
-        template = dict(spec.get("template") or {})
-        tspec = {k: v for k, v in (template.get("spec") or {}).items() if k not in NODEPOOL_TEMPLATE_SPEC_IGNORED}
-        return {"metadata": template.get("metadata") or {}, "spec": tspec}
-    if kind == "NodeClass":
-        return {"spec": spec}
-    raise ValueError(f"no drift rule for kind {kind!r}")
-
-
-def static_hash(obj: dict) -> str:
-    return hashlib.sha256(json.dumps(_canon(hashed_fields(obj)), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def would_drift(before: dict, after: dict) -> bool:
-    return static_hash(before) != static_hash(after)
 
 
 def merged(current: dict, body: dict) -> dict:

@@ -25,22 +25,26 @@ Steps, each callable on its own so tests can stop between them:
    Initialized stays Unknown with the blocking reason (NodeNotReady, StartupTaintsExist, ...).
 Deleting is Karpenter's too: a NodeClaim or Node with the finalizer only gets a deletionTimestamp;
 ``finish_termination`` plays the termination controller (Node gone, then the finalizers released).
-``drifted`` compares a NodeClaim's hashes with its NodePool's and NodeClass's current ones: the
-hashes come from nodewarm.nodeclasses.drift (the fields Karpenter hashes, cited there; Karpenter itself uses
-hashstructure, so only equality matters).
+Drift is Karpenter's own: ``sync_hashes`` plays the NodePool and EC2NodeClass hash controllers (the exact
+hashes of nodewarm.nodeclasses.karpenterhash, hash versions v3 and v5/v6, the API server's CA bundle; on a
+hash-version change they re-stamp the NodeClaims that are not Drifted instead of drifting them), ``drifted`` /
+``mark_drifted`` the drift controller (nodewarm.nodeclasses.drift.nodeclaim_drift: NodePoolDrifted,
+RequirementsDrifted, NodeClassDrift, AMIDrift). ``repair`` plays node repair as Karpenter v1.15 makes it: a
+voluntary disruption for reason ``Unhealthy`` within the NodePool's budgets, terminate-first (REPAIR below).
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes
-from nodewarm.nodeclasses import drift
+from nodewarm.nodeclasses import drift, karpenterhash
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, Kube
 
 UNREGISTERED = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
@@ -48,23 +52,26 @@ EPHEMERAL_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unre
                         "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered")
 EPHEMERAL_TAINT_PREFIX = "readiness.k8s.io/"
 TERMINATION_FINALIZER = "karpenter.sh/termination"
-NODEPOOL_HASH, NODEPOOL_HASH_VERSION = "karpenter.sh/nodepool-hash", "karpenter.sh/nodepool-hash-version"
-NODECLASS_HASH = "karpenter.k8s.aws/ec2nodeclass-hash"
-NODECLASS_HASH_VERSION = "karpenter.k8s.aws/ec2nodeclass-hash-version"
-HASH_VERSIONS = {NODEPOOL_HASH_VERSION: "v3", NODECLASS_HASH_VERSION: "v4"}
+NODEPOOL_HASH, NODEPOOL_HASH_VERSION = karpenterhash.NODEPOOL_HASH, karpenterhash.NODEPOOL_HASH_VERSION
+NODECLASS_HASH, NODECLASS_HASH_VERSION = karpenterhash.EC2NODECLASS_HASH, karpenterhash.EC2NODECLASS_HASH_VERSION
+DEFAULT_IMAGE_ID = "ami-0123456789abcdef0"
 
 
-def nodepool_hash(np: dict) -> str:
-    # The fields Karpenter hashes, from the one place that knows them (the injector's "would drift" uses it too).
-    return drift.static_hash(np)
-
-
-def nodeclass_hash(nc: dict) -> str:
-    return drift.static_hash(nc)
+def _ca_bundle(api_client) -> str:
+    """The string Karpenter hashes as its cluster CA bundle: base64 of the CA it trusts for this API server."""
+    path = getattr(api_client.configuration, "ssl_ca_cert", None)
+    if not path:
+        return ""
+    with open(path, "rb") as f:
+        return karpenterhash.encode_ca_bundle(f.read())
 
 
 def _now(ago_s: float = 0.0) -> str:
     return datetime.fromtimestamp(time.time() - ago_s, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(ts: str) -> float:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def _cond(ctype: str, status: str, reason: str, message: str = "", generation: int = 1, ago_s: float = 0.0) -> dict:
@@ -81,6 +88,61 @@ def _set_condition(conds: list[dict], new: dict) -> list[dict]:
 
 
 @dataclass(frozen=True)
+class RepairPolicy:
+    condition: str
+    status: str
+    toleration_s: float
+
+
+# aws/karpenter-provider-aws pkg/cloudprovider/cloudprovider.go RepairPolicies() (main): kubelet Ready, then the
+# EKS node monitoring agent's conditions; a GPU fault is the quickest, 10 minutes.
+REPAIR_POLICIES = (
+    RepairPolicy("Ready", "False", 1800), RepairPolicy("Ready", "Unknown", 1800),
+    RepairPolicy("AcceleratedHardwareReady", "False", 600), RepairPolicy("StorageReady", "False", 1800),
+    RepairPolicy("NetworkingReady", "False", 1800), RepairPolicy("KernelReady", "False", 1800),
+    RepairPolicy("ContainerRuntimeReady", "False", 1800),
+)
+UNHEALTHY = "Unhealthy"       # the disruption reason repair's budgets name (v1.15)
+_CRON_FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
+
+
+def _cron_matches(expr: str, t: datetime) -> bool:
+    """A five-field UTC cron (numbers, *, lists, ranges, steps), as NodePool budget schedules are written."""
+    macros = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+              "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+    fields = macros.get(expr.strip(), expr).split()
+    values = (t.minute, t.hour, t.day, t.month, (t.weekday() + 1) % 7)
+    for f, v, (lo, hi) in zip(fields, values, _CRON_FIELDS):
+        ok = False
+        for part in f.split(","):
+            rng, _, step = part.partition("/")
+            a, b = (lo, hi) if rng == "*" else (int(rng.split("-")[0]), int(rng.split("-")[-1]))
+            ok |= a <= v <= b and (v - a) % int(step or 1) == 0
+        if not ok:
+            return False
+    return True
+
+
+def budget_allows(pool: dict, reason: str, num_nodes: int, now: float) -> int:
+    """NodePool.GetAllowedDisruptionsByReason (kubernetes-sigs pkg/apis/v1/nodepool.go): the least of the active
+    budgets that name ``reason`` or no reason; a percentage of ``num_nodes`` rounds up."""
+    allowed = 2**31 - 1
+    budgets = ((pool.get("spec") or {}).get("disruption") or {}).get("budgets") or [{"nodes": "10%"}]
+    t = datetime.fromtimestamp(now, timezone.utc).replace(second=0, microsecond=0)
+    for b in budgets:
+        if b.get("reasons") is not None and reason not in b["reasons"]:
+            continue
+        if b.get("schedule"):
+            minutes = karpenterhash.parse_go_duration(b.get("duration") or "0s", "budget.duration") // 60_000_000_000
+            if not any(_cron_matches(b["schedule"], t - timedelta(minutes=m)) for m in range(int(minutes) + 1)):
+                continue
+        nodes = str(b.get("nodes", "10%"))
+        value = math.ceil(int(nodes[:-1]) * num_nodes / 100) if nodes.endswith("%") else int(nodes)
+        allowed = min(allowed, value)
+    return allowed
+
+
+@dataclass(frozen=True)
 class SimNode:
     claim: str
     node: str
@@ -89,52 +151,114 @@ class SimNode:
 
 
 class KarpenterSim:
-    def __init__(self, api_client, zone: str = "us-west-2a", default_instance_type: str = "p5.48xlarge"):
+    def __init__(self, api_client, zone: str = "us-west-2a", default_instance_type: str = "p5.48xlarge",
+                 ec2nodeclass_hash_version: str = karpenterhash.DEFAULT_EC2NODECLASS_VERSION,
+                 ca_bundle: str | None = None):
+        """``ec2nodeclass_hash_version``: v5 plays Karpenter v1.14, v6 its main branch."""
         self.api, self.kube = api_client, Kube(api_client)
         self.zone, self.default_instance_type = zone, default_instance_type
+        self.nodeclass_version = ec2nodeclass_hash_version
+        self.ca_bundle = _ca_bundle(api_client) if ca_bundle is None else ca_bundle
+
+    def nodepool_hash(self, np: dict) -> karpenterhash.StampedHash:
+        return karpenterhash.nodepool_hash(np)
+
+    def nodeclass_hash(self, nc: dict) -> karpenterhash.StampedHash:
+        return karpenterhash.ec2nodeclass_hash(nc, self.ca_bundle, self.nodeclass_version)
 
     # 0 -------------------------------------------------------------------------------------------------
     def sync_hashes(self, nodepool: str) -> dict[str, str]:
-        """Karpenter's hash controllers: annotate the NodePool and its EC2NodeClass with their drift hashes."""
+        """Karpenter's hash controllers for a NodePool and its EC2NodeClass (kubernetes-sigs
+        ``pkg/controllers/nodepool/hash/controller.go``, provider ``pkg/controllers/nodeclass/hash/controller.go``):
+        when the object's hash-version annotation is not the controller's, first re-stamp its NodeClaims of another
+        version (the version always, the hash only on NodeClaims not already Drifted), then annotate the object
+        with its hash and version. Returns the annotations a NodeClaim launched now would get."""
         np = self.kube.get(NODEPOOLS, nodepool)
-        out = {NODEPOOL_HASH: nodepool_hash(np), NODEPOOL_HASH_VERSION: HASH_VERSIONS[NODEPOOL_HASH_VERSION]}
-        self._annotate(NODEPOOLS, np, out)
+        stamp = self.nodepool_hash(np)
+        claims = [c for c in self.kube.list(NODECLAIMS)["items"]
+                  if (c["metadata"].get("labels") or {}).get("karpenter.sh/nodepool") == nodepool]
+        out = self._stamp(NODEPOOLS, np, stamp, claims)
         ref = np["spec"]["template"]["spec"]["nodeClassRef"]
         if ref.get("kind") == "EC2NodeClass":
             nc = self.kube.get(EC2NODECLASSES, ref["name"])
-            mine = {NODECLASS_HASH: nodeclass_hash(nc), NODECLASS_HASH_VERSION: HASH_VERSIONS[NODECLASS_HASH_VERSION]}
-            self._annotate(EC2NODECLASSES, nc, mine)
-            out.update(mine)
+            mine = [c for c in self.kube.list(NODECLAIMS)["items"]
+                    if (c["spec"].get("nodeClassRef") or {}).get("name") == ref["name"]
+                    and (c["spec"].get("nodeClassRef") or {}).get("kind") == "EC2NodeClass"]
+            out.update(self._stamp(EC2NODECLASSES, nc, self.nodeclass_hash(nc), mine))
         return out
 
-    def _annotate(self, res, obj: dict, values: dict[str, str]) -> None:
+    def _stamp(self, res, obj: dict, stamp: karpenterhash.StampedHash, claims: list[dict]) -> dict[str, str]:
+        values = {stamp.hash_annotation: stamp.value, stamp.version_annotation: stamp.version}
         have = obj["metadata"].get("annotations") or {}
+        if have.get(stamp.version_annotation) != stamp.version:
+            for c in claims:
+                ann = c["metadata"].get("annotations") or {}
+                if ann.get(stamp.version_annotation) == stamp.version:
+                    continue
+                patch = {stamp.version_annotation: stamp.version}
+                if not any(x.get("type") == "Drifted" for x in (c.get("status") or {}).get("conditions") or ()):
+                    patch[stamp.hash_annotation] = stamp.value
+                self.kube.merge_patch(NODECLAIMS, c["metadata"]["name"], {"metadata": {"annotations": patch}})
         if any(have.get(k) != v for k, v in values.items()):
             self.kube.merge_patch(res, obj["metadata"]["name"], {"metadata": {"annotations": values}})
+        return values
 
     def drifted(self, claim: str) -> str | None:
-        """NodePoolDrifted / NodeClassDrifted when the NodeClaim's hashes no longer match; else None."""
+        """The drift controller's verdict for a NodeClaim after the hash controllers have run: NodePoolDrifted,
+        RequirementsDrifted, NodeClassDrift, AMIDrift, or None."""
         c = self.kube.get(NODECLAIMS, claim)
-        ann = c["metadata"].get("annotations") or {}
-        np = self.kube.get(NODEPOOLS, c["metadata"]["labels"]["karpenter.sh/nodepool"])
-        if ann.get(NODEPOOL_HASH) != nodepool_hash(np):
-            return "NodePoolDrifted"
+        pool = c["metadata"]["labels"]["karpenter.sh/nodepool"]
+        self.sync_hashes(pool)
+        c, np = self.kube.get(NODECLAIMS, claim), self.kube.get(NODEPOOLS, pool)
         ref = c["spec"]["nodeClassRef"]
-        if ref.get("kind") == "EC2NodeClass" and ann.get(NODECLASS_HASH) != nodeclass_hash(
-                self.kube.get(EC2NODECLASSES, ref["name"])):
-            return "NodeClassDrifted"
-        return None
+        nc = self.kube.get(EC2NODECLASSES, ref["name"]) if ref.get("kind") == "EC2NodeClass" else None
+        return drift.nodeclaim_drift(c, np, nc)
+
+    def mark_drifted(self, claim: str) -> str | None:
+        """Set (or clear) the NodeClaim's Drifted condition as the drift controller does; returns the reason."""
+        reason = self.drifted(claim)
+        c = self.kube.get(NODECLAIMS, claim)
+        status = c.get("status") or {}
+        conds = [x for x in status.get("conditions") or () if x["type"] != "Drifted"]
+        if reason:
+            conds = _set_condition(status.get("conditions") or [], _cond("Drifted", "True", reason, reason))
+        status["conditions"] = conds
+        self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
+        return reason
+
+    def resolve_amis(self, nodeclass: str, image_ids: list[str]) -> None:
+        """The EC2NodeClass status controller resolving amiSelectorTerms (e.g. a new @latest release)."""
+        nc = self.kube.get(EC2NODECLASSES, nodeclass)
+        status = nc.get("status") or {}
+        status["amis"] = [{"id": i, "name": i, "requirements": []} for i in image_ids]
+        self.kube.merge_patch(EC2NODECLASSES, nodeclass, {"status": status}, sub="status")
 
     # 1 -------------------------------------------------------------------------------------------------
-    def create_nodeclaim(self, nodepool: str, name: str | None = None, instance_type: str | None = None) -> dict:
+    def create_nodeclaim(self, nodepool: str, name: str | None = None, instance_type: str | None = None,
+                         pod_labels: dict[str, str] | None = None) -> dict:
         hashes = self.sync_hashes(nodepool)
         np = self.kube.get(NODEPOOLS, nodepool)
         tmpl = np["spec"]["template"]
         ts = tmpl.get("spec") or {}
         it = instance_type or self.default_instance_type
+        facts = instancetypes.offline_table().get(it)
         labels = {**((tmpl.get("metadata") or {}).get("labels") or {}), "karpenter.sh/nodepool": nodepool,
                   "node.kubernetes.io/instance-type": it, "karpenter.sh/capacity-type": "on-demand",
                   "topology.kubernetes.io/zone": self.zone}
+        if facts:
+            labels.update({"karpenter.k8s.aws/instance-gpu-count": str(facts.gpus)})
+            if facts.nvme_gb:
+                labels["karpenter.k8s.aws/instance-local-nvme"] = str(facts.nvme_gb)
+        # Requirements.Labels(): a requirement with one value labels the NodeClaim; an Exists on a key no instance
+        # type defines takes the value of the pending pod's nodeSelector (``pod_labels``, else a stand-in value).
+        for r in ts.get("requirements") or ():
+            if r.get("operator") == "In" and len(r.get("values") or ()) == 1:
+                labels.setdefault(r["key"], r["values"][0])
+            elif r.get("operator") == "In" and r["key"] == "karpenter.sh/capacity-type":
+                labels[r["key"]] = r["values"][0] if "on-demand" not in r["values"] else "on-demand"
+            elif r.get("operator") == "Exists" and r["key"] not in labels:
+                labels[r["key"]] = (pod_labels or {}).get(r["key"], "pod-selected")
+        labels.update(pod_labels or {})
         reqs = [r for r in ts.get("requirements") or () if r.get("key") != "node.kubernetes.io/instance-type"]
         reqs.append({"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [it]})
         spec = {"nodeClassRef": ts["nodeClassRef"], "requirements": reqs,
@@ -153,11 +277,11 @@ class KarpenterSim:
         return self.kube.create(NODECLAIMS, body)
 
     # 2 -------------------------------------------------------------------------------------------------
-    def launch(self, claim: str, instance_id: str | None = None) -> dict:
+    def launch(self, claim: str, instance_id: str | None = None, image_id: str = DEFAULT_IMAGE_ID) -> dict:
         c = self.kube.get(NODECLAIMS, claim)
         iid = instance_id or f"i-{secrets.token_hex(8)}"
         status = c.get("status") or {}
-        status.update({"providerID": f"aws:///{self.zone}/{iid}", "imageID": "ami-0123456789abcdef0",
+        status.update({"providerID": f"aws:///{self.zone}/{iid}", "imageID": image_id,
                        "capacity": {"cpu": "192", "memory": "2048Gi", "nvidia.com/gpu": "8"},
                        "allocatable": {"cpu": "191", "memory": "2000Gi", "nvidia.com/gpu": "8"}})
         conds = status.get("conditions") or []
@@ -283,6 +407,56 @@ class KarpenterSim:
         status["conditions"] = _set_condition(status.get("conditions") or [], _cond("Initialized", "True", "Initialized"))
         self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
         return True
+
+    # repair --------------------------------------------------------------------------------------------
+    def repair_candidates(self, nodepool: str, now: float | None = None) -> list[str]:
+        """NodeClaims of ``nodepool`` whose Node has held a REPAIR_POLICIES condition past its toleration and that
+        are not already being deleted, longest-eligible first."""
+        now = time.time() if now is None else now
+        out = []
+        for c in self._claims_of(nodepool):
+            node = self.find_node((c.get("status") or {}).get("providerID", ""))
+            if node is None or c["metadata"].get("deletionTimestamp"):
+                continue
+            conds = {x["type"]: x for x in (node.get("status") or {}).get("conditions") or ()}
+            due = [_parse_time(conds[p.condition]["lastTransitionTime"]) + p.toleration_s for p in REPAIR_POLICIES
+                   if p.condition in conds and conds[p.condition]["status"] == p.status]
+            if due and min(due) <= now:
+                out.append((min(due), c["metadata"]["name"]))
+        return [name for _, name in sorted(out)]
+
+    def set_node_condition(self, node: str, ctype: str, status: str, reason: str = "", ago_s: float = 0.0) -> None:
+        """A kubelet or the node monitoring agent reporting a condition, dated ``ago_s`` back."""
+        c = {"type": ctype, "status": status, "reason": reason or f"{ctype}{status}", "message": reason or ctype,
+             "lastHeartbeatTime": _now(), "lastTransitionTime": _now(ago_s)}
+        self.kube.request("PATCH", NODES.path(node, sub="status"), body={"status": {"conditions": [c]}},
+                          content_type="application/strategic-merge-patch+json")
+
+    def repair(self, nodepool: str, now: float | None = None) -> list[str]:
+        """One pass of node repair as Karpenter v1.15 runs it: a voluntary disruption with reason Unhealthy, so
+        at most the NodePool's budget for that reason (counted over its initialized nodes, less the ones already
+        being deleted; NotReady nodes do not use up the repair budget), and terminate-first: the NodeClaim is
+        deleted with no replacement launched ahead, the provisioner replaces it for the pods that go pending.
+        Returns the NodeClaims it deleted."""
+        now = time.time() if now is None else now
+        chosen = self.repair_candidates(nodepool, now)[:self.repair_room(nodepool, now)]
+        for name in chosen:
+            self.delete_nodeclaim(name)
+        return chosen
+
+    def repair_room(self, nodepool: str, now: float | None = None) -> int:
+        """How many more NodeClaims repair may delete now (BuildDisruptionBudgetMapping for reason Unhealthy)."""
+        now = time.time() if now is None else now
+        claims = self._claims_of(nodepool)
+        initialized = [c for c in claims if any(x["type"] == "Initialized" and x["status"] == "True"
+                                                for x in (c.get("status") or {}).get("conditions") or ())]
+        deleting = sum(1 for c in claims if c["metadata"].get("deletionTimestamp"))
+        allowed = budget_allows(self.kube.get(NODEPOOLS, nodepool), UNHEALTHY, len(initialized), now)
+        return max(0, allowed - deleting)
+
+    def _claims_of(self, nodepool: str) -> list[dict]:
+        return [c for c in self.kube.list(NODECLAIMS)["items"]
+                if (c["metadata"].get("labels") or {}).get("karpenter.sh/nodepool") == nodepool]
 
     # -- conveniences ----------------------------------------------------------------------------------
     def scale_up(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
