@@ -13,6 +13,7 @@ from .errors import NodewarmError
 # Order is the order shown in --help.
 TOP_LEVEL = [
     "nodewarm.nodeclasses.cli",   # render
+    "nodewarm.nodeclasses.drift_cli",  # drift hash
     "nodewarm.bootstrap.cli",     # bootstrap weights | compile-cache | run ; publish
     "nodewarm.controller.cli",    # controller
     "nodewarm.userdata.cli",      # package

@@ -319,3 +319,17 @@ def test_bad_input_names_the_field():
 def test_fnv_is_fnv1_64():
     # Go: fnv.New64().Write([]byte("a")).Sum64() == 0xaf63bd4c8601b7be (FNV-1; FNV-1a would be 0xaf63dc4c8601ec8c)
     assert kh.fnv64(b"a") == 0xAF63BD4C8601B7BE
+
+
+def test_cli_prints_kind_name_version_hash(tmp_path, capsys):
+    import yaml
+
+    from nodewarm.cli import main
+
+    f = tmp_path / "objs.yaml"
+    f.write_text(yaml.safe_dump_all([BASE, pool(), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}]))
+    (tmp_path / "ca").write_text(CA)
+    for version, value in (("v5", V5_BASE), ("v6", V6_BASE)):
+        assert main(["drift", "hash", "-f", str(f), "--ca-bundle", str(tmp_path / "ca"), "--hash-version", version]) == 0
+        assert capsys.readouterr().out.splitlines() == [f"EC2NodeClass default {version} {value}",
+                                                        f"NodePool gpu v3 {_np(pool())}"]
