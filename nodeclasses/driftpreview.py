@@ -10,9 +10,11 @@ How Karpenter decides, and how this follows it (kubernetes-sigs/karpenter
 * Static drift compares two *stamps*: the hash annotation Karpenter's hash controller keeps on the NodePool /
   EC2NodeClass with the one copied onto the NodeClaim at launch, and only when both hash-version annotations are
   present and equal (a new hash version re-stamps, it does not drift). A NodeClaim without the annotations never
-  drifts statically. After a write the hash controller stamps the object with the hash of its new spec, so a
-  NodeClaim in step with the live object drifts exactly when the live and the new spec hash differently
-  (``drift.would_drift``: the fields Karpenter hashes). One already out of step is drifted now, whatever we write.
+  drifts statically. After a write the hash controller stamps the object with the hash of its new spec: for a
+  NodePool that value is computed here exactly (``karpenterhash.nodepool_hash``) and compared with the
+  NodeClaim's; for an EC2NodeClass, whose hash also covers the cluster CA bundle, a NodeClaim in step with the
+  live object's stamp drifts exactly when the live and the new spec hash differently (``drift.would_drift``).
+  One already out of step is drifted now, whatever we write.
 * Requirement drift is dynamic: a NodeClaim whose labels the pool's requirements no longer admit is
   ``RequirementsDrifted`` (``nodepool.requirements_drifted``).
 * A NodeClaim being deleted is not counted: it is going anyway.
@@ -22,15 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import drift
+from . import drift, karpenterhash
+from .karpenterhash import EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH, NODEPOOL_HASH_VERSION
 from .labels import NODEPOOL_LABEL
 from .nodepool import requirements_drifted
 
-NODEPOOL_HASH, NODEPOOL_HASH_VERSION = "karpenter.sh/nodepool-hash", "karpenter.sh/nodepool-hash-version"
-NODECLASS_HASH = "karpenter.k8s.aws/ec2nodeclass-hash"
-NODECLASS_HASH_VERSION = "karpenter.k8s.aws/ec2nodeclass-hash-version"
 _STAMPS = {"NodePool": (NODEPOOL_HASH, NODEPOOL_HASH_VERSION),
-           "EC2NodeClass": (NODECLASS_HASH, NODECLASS_HASH_VERSION)}
+           "EC2NodeClass": (EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION)}
 # Karpenter's reason for each kind's static drift (NodeClass: Auto Mode's, which documents none, is treated alike).
 _REASONS = {"NodePool": "NodePoolDrifted", "EC2NodeClass": "NodeClassDrift", "NodeClass": "NodeClassDrift"}
 
@@ -98,8 +98,19 @@ def static_drift(kind: str, live: dict, after: dict, claim: dict) -> tuple[str, 
             return None                 # Karpenter skips NodeClaims without the annotations
         if live_version is not None and live_version != claim_version:
             return None                 # a new hash version: Karpenter re-stamps instead of drifting
+        if kind == "NodePool":
+            # Exact: the value Karpenter will stamp on the pool once it is ``after`` (no cluster input in it).
+            expected = karpenterhash.nodepool_hash(after)
+            if expected.version != claim_version:
+                return None
+            if expected.value == claim_hash:
+                return None             # the change brings the pool back to what this NodeClaim was launched from
         if live_hash is not None and live_hash != claim_hash:
             return ALREADY, f"its {kind} hash {claim_hash} is no longer the {kind}'s {live_hash}"
+        if kind == "NodePool":
+            return WOULD, f"{kind} {live['metadata']['name']}: changes {_changed_fields(kind, live, after)}"
+    # The EC2NodeClass hash takes the cluster's CA bundle as an input Karpenter reads itself: judged relative to the
+    # live object's own stamp (same CA on both sides), and Auto Mode's NodeClass by its spec.
     if drift.would_drift(live, after):
         return WOULD, f"{kind} {live['metadata']['name']}: changes {_changed_fields(kind, live, after)}"
     return None
