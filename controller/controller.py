@@ -29,6 +29,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import logs
+from nodewarm.nodeclasses.labels import CLEANUP_FINALIZER
 from nodewarm.errors import NodewarmError
 from nodewarm.profile import WarmProfile, from_dict
 
@@ -46,7 +47,7 @@ from .reflector import Reflector, wait_synced
 from .workqueue import WorkQueue
 
 MAX_CONFLICT_RETRIES = 5
-FINALIZER = "nodewarm.io/cleanup"
+FINALIZER = CLEANUP_FINALIZER
 
 
 class NotLeading(Exception):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nodewarm.generation import generation
-from nodewarm.nodeclasses.labels import CACHE_OUTCOMES, WARM_REPORTED
+from nodewarm.nodeclasses.labels import CACHE_OUTCOMES, CLEANUP_CONDITION, WARM_REPORTED
 from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
@@ -324,7 +324,7 @@ def cleanup_held(profile: str, pool: str, keys: list[str], nodeclaims: int, p: W
     pull = f", {nodeclaims * size:g} GB of weights pulled again ({nodeclaims} x {size:g} GB)" if size else ""
     taints = " and ".join(keys)
     return Condition(
-        "Cleanup", "False", "WouldDrift",
+        CLEANUP_CONDITION, "False", "WouldDrift",
         f"WarmProfile {profile} is deleted, but NodePool {pool} keeps startupTaint {taints}: startupTaints is in "
         f"Karpenter's NodePool hash, so removing it would drift {nodeclaims} live NodeClaim(s) and Karpenter would "
         f"replace those nodes{pull}, compile caches cold. Until then this profile stays (Terminating) and new nodes "

@@ -38,3 +38,8 @@ CACHE_LABEL = "nodewarm.io/compile-cache"
 CACHE_OUTCOMES = ("hit", "miss", "cold")
 # The startup taint's key when a WarmProfile names none (spec.readiness.taintKey).
 DEFAULT_TAINT = "nodewarm.io/warming"
+# On a WarmProfile, by the controller: the finalizer that holds a deleted profile until its startup taint is out of
+# the NodePool, and the condition that says why that clean-up waits (controller/controller.py ``_clean_up``;
+# `nodewarm status` shows a held profile's nodes by them).
+CLEANUP_FINALIZER = "nodewarm.io/cleanup"
+CLEANUP_CONDITION = "Cleanup"
