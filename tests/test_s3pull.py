@@ -35,14 +35,19 @@ def test_pull_splits_files_into_parallel_ranged_gets_and_verifies_each(s3, proxy
     signed, sign = [], botocore.signers.generate_presigned_url
 
     def counting(self, ClientMethod, Params=None, **kw):
-        signed.append(Params["Key"])
+        signed.append((ClientMethod, Params["Key"]))
         return sign(self, ClientMethod, Params=Params, **kw)
 
     # botocore attaches this function to each client class it creates, so the pull's own client counts.
     monkeypatch.setattr(botocore.signers, "generate_presigned_url", counting)
     summary = warm(uri, dest)
     # One presigned URL serves all of a file's parts (signing costs CPU; it covers the host, not the Range).
-    assert len(signed) == len(set(signed)) == len(files) - 1  # each key signed once; the empty file needs no GET
+    gets = [key for method, key in signed if method == "get_object"]
+    assert len(gets) == len(set(gets)) == len(files) - 1  # each key signed once; the empty file needs no GET
+    # The HEADs are presigned too (sent on the pull's own connections, not botocore's): one per object here
+    # (rclone's single-part ETags need no HEAD of part 1).
+    assert sorted(key for method, key in signed if method == "head_object") == sorted(
+        uri.split("/", 3)[3] + name for name in files)
     assert visible_files(dest) == files
     assert summary.ok and summary.files == len(files) and summary.bytes == sum(map(len, files.values()))
     assert summary.downloaded_bytes == summary.bytes and summary.downloaded_files == len(files)
@@ -320,3 +325,19 @@ def test_pull_goes_through_the_https_proxy_the_environment_names(s3, tmp_path, m
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_manifest_is_rewritten_per_interval_not_per_file(s3, proxy, tmp_path, monkeypatch):
+    """Each save rewrites every entry and fsyncs: once per file it was quadratic in the file count."""
+    from nodewarm.bootstrap.weights import manifest, pipeline
+
+    files = {f"shard-{i:02d}.safetensors": bytes([i]) * 1000 for i in range(24)}
+    uri = put_model(s3, files)
+    saves, save = [], manifest.save_local
+    monkeypatch.setattr(manifest, "save_local", lambda path, m: (saves.append(len(m.entries)), save(path, m)))
+    monkeypatch.setattr(pipeline, "MANIFEST_SAVE_S", 3600.0)
+    summary = warm(uri, tmp_path / "model")
+    assert summary.downloaded_files == len(files)
+    assert saves == [0, len(files)]  # the plan's (nothing yet), then once when the pull ends
+    again = warm(uri, tmp_path / "model")
+    assert again.downloaded_files == 0 and again.skipped == len(files)

@@ -125,18 +125,17 @@ class Connection:
         conn.sock.settimeout(self.stall_timeout_s)  # silence on an open connection: a stall, retried
         self.sock = conn.sock
 
-    def get(self, url: str, headers: dict[str, str]) -> Response:
-        """Send a GET for the presigned ``url``; return the 2xx response, raise ClientError otherwise."""
+    def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         u = urlsplit(url)
         target = u.path + ("?" + u.query if u.query else "")
-        lines = [f"GET {target} HTTP/1.1", f"Host: {u.netloc}", "Accept-Encoding: identity",
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {u.netloc}", "Accept-Encoding: identity",
                  *(f"{k}: {v}" for k, v in headers.items())]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         if self.sock is None:
             self._connect()
         try:
             self.sock.sendall(request)
-            status, head, rest = self._read_head()
+            return self._read_head()
         except OSError:
             if self.sock is None:
                 raise
@@ -144,7 +143,21 @@ class Connection:
             self.close()
             self._connect()
             self.sock.sendall(request)
-            status, head, rest = self._read_head()
+            return self._read_head()
+
+    def head(self, url: str, headers: dict[str, str]) -> dict[str, str]:
+        """Send a HEAD for the presigned ``url``; return the 2xx response's headers (lower-case names), raise
+        ClientError otherwise (a HEAD error has no body: the code is the status, as botocore reports it)."""
+        status, head, _ = self._send("HEAD", url, headers)
+        if 200 <= status < 300:
+            self.response_done(head)
+            return head
+        self.close()  # whatever an error reply carries after its head is not ours to parse
+        raise error_from(status, b"", "HeadObject")
+
+    def get(self, url: str, headers: dict[str, str]) -> Response:
+        """Send a GET for the presigned ``url``; return the 2xx response, raise ClientError otherwise."""
+        status, head, rest = self._send("GET", url, headers)
         if 200 <= status < 300:
             if "content-length" not in head:
                 self.close()
