@@ -11,7 +11,13 @@ requests TP x PP GPUs.
 
 A flag the profile itself sets (model, TP, port, ...) is refused in extraArgs in any spelling: vLLM's parser lets
 the last occurrence win, so a repeat would silently override the field (and ``--port``/``--host`` would break the
-Service and the probes). ``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed it reaches
+Service and the probes). "Any spelling" is vLLM's (0.32's server parser; tests/test_vllm_argv.py holds this module
+to it): ``_``/``-`` alike, a unique prefix of a long flag (argparse's abbreviations: ``--max-model=8`` is
+``--max-model-len=8``), a dotted key into a JSON flag (``--model-loader-extra-config.concurrency=4`` replaces the
+profile's loader config), its short options, and ``--config FILE`` (flags from a file nodewarm never sees).
+vLLM gets each extraArgs flag as one token, ``--name=value`` (``--name``/``--no-name`` for true/false): a value
+written as the next token can then never be read as vLLM's positional model argument instead
+(``--enable-prefix-caching false`` is, to vLLM, prefix caching on and the model "false"). ``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed it reaches
 vLLM as exactly ``--enforce-eager`` and the key as ``enforce-eager=true`` (eager code is not the compiled code).
 """
 
@@ -30,9 +36,13 @@ if TYPE_CHECKING:
     from nodewarm.bootstrap.compilecache.cachekey import ServingSpec
 
 FIELD = "spec.serving.extraArgs"
-# vLLM's short spellings.
+# vLLM's short options, each only as the whole token (argparse matches a single-dash option whole: "-tp2" is no
+# spelling of -tp).
 _SHORT = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "dp": "data-parallel-size",
-          "q": "quantization", "O": "compilation-config"}
+          "q": "quantization", "cc": "compilation-config"}
+# -O is vLLM's own shorthand, rewritten by its parser before argparse sees it: -O3, -O=3 and -O 3 (0-3 only) are
+# --optimization-level=3 (not a compilation-config level).
+OPTIMIZATION_LEVEL = "optimization-level"
 # Flags the rendered pod already passes (or whose job a profile field does): where to set each instead.
 _PROFILE_SETS = {
     "model": "set spec.model.uri: vLLM serves the copy nodewarm put on the node's NVMe",
@@ -47,21 +57,40 @@ _PROFILE_SETS = {
                                  "spec.model.sizeGB (concurrency)",
     # The pod requests TP x PP GPUs; data parallelism inside it would need more than it gets.
     "data-parallel-size": "scale out with spec.serving.replicas (one pod serves one data-parallel rank)",
+    "config": "write the flags themselves into spec.serving.extraArgs: a config file's flags would reach vLLM "
+              "without nodewarm seeing them (they could override the profile's, and the compile-cache key "
+              "would not know them)",
 }
-# Only how the HTTP server runs: passed to vLLM, never in its compile hash.
+# Passed to vLLM, never in its compile hash: how the HTTP server runs, and engine settings vLLM's own hash leaves
+# out (prefix caching, the sampling seed, the memory fraction; tests/test_engine_cachekey.py checks these against
+# vLLM's hash). Keying on them would only keep nodes from sharing caches vLLM shares.
 _SERVER_ONLY = frozenset({"api-key", "disable-log-requests", "enable-log-requests", "disable-log-stats",
                           "uvicorn-log-level", "disable-uvicorn-access-log", "ssl-keyfile", "ssl-certfile",
                           "ssl-ca-certs", "root-path", "allowed-origins", "allowed-methods", "allowed-headers",
-                          "middleware", "chat-template", "response-role"})
+                          "middleware", "chat-template", "response-role",
+                          "enable-prefix-caching", "seed", "gpu-memory-utilization"})
 EAGER = "enforce-eager"
 
 
 @dataclass(frozen=True)
 class ExtraArg:
-    """One ``serving.extraArgs`` flag: vLLM's long name (``-`` spelling), its value, the tokens as written."""
+    """One ``serving.extraArgs`` flag: vLLM's long name (``-`` spelling up to a dotted key), its value, the tokens
+    as written."""
     name: str
-    value: str          # "true" for a bare --flag, "false" for --no-flag
+    value: str          # "true" for a bare --flag, "false" for --no-flag (and for those values, any case)
     tokens: tuple[str, ...]
+
+    @property
+    def flag(self) -> str:
+        """The flag itself: ``compilation-config`` for ``--compilation-config.mode=3``."""
+        return self.name.partition(".")[0]
+
+    def spelled(self) -> str:
+        """The one token vLLM gets: ``--name=value``, or ``--name``/``--no-name`` for true/false (vLLM's boolean
+        flags take no value: ``--enable-prefix-caching=true`` is an error to it)."""
+        if self.value in ("true", "false") and "." not in self.name:
+            return f"--{self.name}" if self.value == "true" else f"--no-{self.name}"
+        return f"--{self.name}={self.value}"
 
 
 def _value(text: str) -> str:
@@ -87,17 +116,24 @@ def parse_extra_args(args: tuple[str, ...] | list[str]) -> list[ExtraArg]:
         tok, start = tokens[i], i
         if not tok.startswith("-") or tok == "-":
             raise ProfileError(FIELD, tok, "each entry is a vLLM flag (--name=value or --name followed by its value)")
-        name, eq, value = tok.lstrip("-").partition("=")
-        if not tok.startswith("--"):
-            # -O3 / -O.level=3 / -tp 2: vLLM's short spellings.
-            short = next((s for s in sorted(_SHORT, key=len, reverse=True) if name.startswith(s)), None)
-            if short is None:
-                raise ProfileError(FIELD, tok, "use the long --flag spelling")
-            rest = name[len(short):]
+        if tok.startswith("--"):
+            name, eq, value = tok[2:].partition("=")
+        elif tok.startswith("-O"):
+            name, eq, value = OPTIMIZATION_LEVEL, "=", tok[2:].removeprefix("=")
+            if not value:
+                if i + 1 < len(tokens) and tokens[i + 1] in ("0", "1", "2", "3"):
+                    value, i = tokens[i + 1], i + 1
+                else:
+                    raise ProfileError(FIELD, tok, "-O takes its level: -O3 (or --optimization-level=3)")
+        else:
+            short, eq, value = tok[1:].partition("=")
+            if short not in _SHORT:
+                raise ProfileError(FIELD, tok, "use the long --flag spelling (vLLM's short options nodewarm knows: "
+                                               + ", ".join(f"-{s}" for s in _SHORT) + ", -O<level>)")
             name = _SHORT[short]
-            if rest and not eq:
-                value, eq = (json.dumps({"level": int(rest)}) if short == "O" and rest.isdigit() else rest), "="
-        name = name.replace("_", "-")
+        # vLLM's parser: "_" and "-" are one up to the first "."; after it comes a key of the flag's JSON value.
+        head, dot, key = name.partition(".")
+        name = head.replace("_", "-") + dot + key
         if not eq:
             if i + 1 < len(tokens) and not _is_flag(tokens[i + 1]):
                 value, i = tokens[i + 1], i + 1
@@ -106,8 +142,15 @@ def parse_extra_args(args: tuple[str, ...] | list[str]) -> list[ExtraArg]:
             else:
                 value = "true"
         i += 1
+        if value.lower() in ("true", "false"):
+            value = value.lower()
         out.append(ExtraArg(name, value, tuple(tokens[start:i])))
     return out
+
+
+def _abbreviates(name: str, flag: str) -> bool:
+    """vLLM's parser (argparse, allow_abbrev) reads a unique prefix of a long flag as that flag."""
+    return flag.startswith(name) and name != flag
 
 
 def _eager_on(arg: ExtraArg) -> bool:
@@ -121,9 +164,14 @@ def checked_extra_args(p: WarmProfile) -> list[ExtraArg]:
     """``serving.extraArgs`` parsed, refusing every flag the profile sets itself and eager mode unless allowed."""
     parsed = parse_extra_args(p.serving.extra_args)
     for a in parsed:
-        if a.name in _PROFILE_SETS:
-            raise ProfileError(FIELD, " ".join(a.tokens),
-                               f"nodewarm already passes --{a.name}; {_PROFILE_SETS[a.name]}")
+        owned = next((f for f in _PROFILE_SETS if a.flag == f or _abbreviates(a.flag, f)), None)
+        if owned:
+            what = "sets" if owned == "config" else "already passes"
+            raise ProfileError(FIELD, " ".join(a.tokens), f"nodewarm {what} --{owned}"
+                               + (f" (vLLM reads --{a.flag} as --{owned})" if a.flag != owned else "")
+                               + f"; {_PROFILE_SETS[owned]}")
+        if _abbreviates(a.flag, EAGER):
+            raise ProfileError(FIELD, " ".join(a.tokens), f"vLLM reads --{a.flag} as --{EAGER}: spell it out")
         if a.name == EAGER and _eager_on(a) and not p.serving.allow_eager:
             raise ProfileError(FIELD, " ".join(a.tokens),
                                "eager mode turns torch.compile off, so the compile cache nodewarm restores goes "
@@ -138,10 +186,10 @@ def eager(parsed: list[ExtraArg]) -> bool:
 
 
 def vllm_extra_args(p: WarmProfile) -> list[str]:
-    """The extraArgs as vLLM gets them: as written, except eager mode, spelled the one way every vLLM parses
-    (``--enforce-eager=true`` is an error where the flag is a store_true; ``--no-...`` is unknown to old ones)."""
+    """The extraArgs as vLLM gets them: one token per flag (ExtraArg.spelled), except eager mode, spelled the one
+    way every vLLM parses and only when on (``--no-enforce-eager`` is unknown to old ones)."""
     parsed = checked_extra_args(p)
-    out = [t for a in parsed if a.name != EAGER for t in a.tokens]
+    out = [a.spelled() for a in parsed if a.name != EAGER]
     return out + (["--enforce-eager"] if eager(parsed) else [])
 
 

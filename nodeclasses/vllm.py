@@ -39,6 +39,7 @@ from .servingspec import serving_spec, spec_args, vllm_extra_args
 
 GIB = 2**30
 MIB = 2**20
+AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
 
 
 def streamer_chunk_bytes(p: WarmProfile) -> int:
@@ -250,6 +251,12 @@ def env(p: WarmProfile, memory_bytes: int) -> list[dict]:
         # Inductor keeps its precompiled C++ headers under $TMPDIR whatever TORCHINDUCTOR_CACHE_DIR says;
         # on the NVMe volume they are restored with the rest of the bundle instead of rebuilt per pod.
         {"name": "TMPDIR", "value": str(d["tmp"])},
+        # vLLM's AOT artifact (its default from torch 2.10) does not load back on every platform: on CPU,
+        # vLLM 0.32 fails every load ('function' object has no attribute 'finalize_loading') and compiles
+        # again, which a restore cannot fix. Without AOT, Inductor's cache in the dirs above is what a
+        # restore fills and what serving loads (README, "Compile cache"). It is a VLLM_* variable, so it is
+        # in vLLM's hash and in nodewarm's key alike.
+        {"name": AOT_COMPILE_ENV, "value": "0"},
     ]
 
 
@@ -370,7 +377,7 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
             "name": "vllm",
             "image": s.image,
             # The start script (servestart): NVMe when the agent's copy is complete, else S3, else wait; it execs
-            # `python3 -m vllm.entrypoints.openai.api_server` with these args.
+            # vLLM's OpenAI server with these args (serve_start_script.serve_command).
             "command": servestart.command(p),
             "args": args(p),
             "ports": [{"containerPort": s.port, "name": "http", "protocol": "TCP"}],

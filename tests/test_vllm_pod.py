@@ -279,5 +279,4 @@ def test_the_key_sees_exactly_the_engine_flags_vllm_gets():
     spec = serving_spec(profile.from_dict(doc))
     engine = {k: val for k, val in spec.engine.items() if k not in ("dtype", "max-model-len")}
     assert normalize_extra_args(parse_extra_args(passed)) == engine == {
-        "compilation-config": '{"level":3}', "enable-prefix-caching": "false", "enforce-eager": "true",
-        "max-num-seqs": "64", "seed": "-1"}
+        "compilation-config": '{"level":3}', "enforce-eager": "true", "max-num-seqs": "64"}

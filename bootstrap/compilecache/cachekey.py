@@ -134,6 +134,28 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def vllm_hashed_env() -> frozenset[str] | None:
+    """The variables vLLM's own compile hash reads (``vllm.envs.compile_factors``: every variable vLLM knows,
+    less its ignore list), or None where vLLM is not importable. Only the serving image can answer."""
+    try:
+        from vllm import envs
+    except ImportError:
+        return None
+    return frozenset(envs.compile_factors())
+
+
+def serving_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``relevant_env`` as the serving image sees it: less the ``VLLM_*`` variables vLLM's hash leaves out
+    (VLLM_FORCE_AOT_LOAD, VLLM_CPU_KVCACHE_SPACE, a name vLLM does not know, ...). Keying on them would only
+    keep nodes from sharing caches vLLM itself shares (tests/test_engine_cachekey.py). Where vLLM is not
+    importable, every ``VLLM_*`` variable counts: a spurious difference is safe, a missed one is not."""
+    out = relevant_env(env)
+    hashed = vllm_hashed_env()
+    if hashed is None:
+        return out
+    return {k: v for k, v in out.items() if not k.startswith("VLLM_") or k in hashed}
+
+
 def build_factors(probe: RuntimeProbe, hw: "NodeHardware", spec: ServingSpec, env: Mapping[str, str]) -> Factors:
     """Software from the serving image, hardware from this node (hardware.probe), the serving spec."""
     return Factors(

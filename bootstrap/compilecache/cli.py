@@ -117,7 +117,7 @@ def _factors(args) -> tuple[cachekey.Factors, cachekey.RuntimeProbe]:
     """Key factors where this process is the serving image (key, publish): its software, this node's hardware."""
     from . import hardware
 
-    probe, env = _runtime(args.runtime) or (cachekey.probe_runtime(), cachekey.relevant_env(os.environ))
+    probe, env = _runtime(args.runtime) or (cachekey.probe_runtime(), cachekey.serving_env(os.environ))
     hw = hardware.probe(args.host_root, _pairs(args.node_label, "--node-label"), env)
     return cachekey.build_factors(probe, hw, _spec(args), env), probe
 
@@ -129,7 +129,7 @@ def _print(doc: dict) -> None:
 
 def _run_key(args) -> int:
     if args.runtime_only:
-        _print({"runtime": dataclasses.asdict(cachekey.probe_runtime()), "env": cachekey.relevant_env(os.environ)})
+        _print({"runtime": dataclasses.asdict(cachekey.probe_runtime()), "env": cachekey.serving_env(os.environ)})
         return 0
     if not args.model:
         raise NodewarmError("--model is required unless --runtime-only", reason="InvalidArgument")

@@ -1,0 +1,172 @@
+"""Simulated nodes that warm and serve like real ones, with real vLLM (CPU): for the compile-cache tests and bench.
+
+A node is a directory standing for its root filesystem. Its node agent is nodewarm's own (``agent.warm`` with the
+config the DaemonSet/host agent builds from the profile: weights pulled from S3, the compile cache restored from
+the bucket, the baseline saved for the publisher). Its serving pod is the rendered Deployment's pod, run by
+``podrun``: the vLLM container (the rendered start script, argv and env) and, beside it, the publisher sidecar
+(the rendered ``nodewarm publish`` argv and env), sharing the pod's emptyDirs as a pod's containers do. Both see
+the node's hostPaths at the pod's own paths, so vLLM hashes and writes exactly what it would on the node.
+
+What this CPU "node" adds to the rendered pod, as its container runtime would (never part of the profile):
+``CPU_RUNTIME_ENV`` (vLLM's CPU backend settings) and ``EVIDENCE_ENV`` (Inductor's cache log lines: vLLM's own
+evidence of what it loaded and what it compiled).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import podrun, vllmclient
+
+# vLLM's CPU backend: a 1 GiB KV cache, and no CPU pinning (the cores are shared with other processes here).
+CPU_RUNTIME_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# torch logs every Inductor FX-graph cache lookup at INFO under this logger: "fx graph cache hit for key K" /
+# "fx graph cache miss for key K". In no cache key (neither vLLM's env hash nor Inductor's config).
+EVIDENCE_ENV = {"TORCH_LOGS": "torch._inductor.codecache"}
+
+_FX_HIT = re.compile(r"fx graph cache hit for key (\w+)")
+_FX_MISS = re.compile(r"fx graph cache miss for key (\w+)")
+_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+_AOT_FAIL = re.compile(r"Compiling model again due to a load failure")
+_PUBLISHER_DONE = re.compile(r"^(hit|miss|cold|None): (\w+): ", re.M)
+
+
+@dataclass(frozen=True)
+class EngineEvidence:
+    """What vLLM's own log says about its compile: Inductor's cache lookups and the engine's init time."""
+    fx_hits: tuple[str, ...]
+    fx_misses: tuple[str, ...]
+    aot_load_failures: int
+    init_s: float | None
+
+    @property
+    def loaded_without_compiling(self) -> bool:
+        """Every compiled graph came from the cache (at least one), none was compiled, no AOT load failed."""
+        return bool(self.fx_hits) and not self.fx_misses and not self.aot_load_failures
+
+    def to_dict(self) -> dict:
+        return {"fxHits": len(self.fx_hits), "fxMisses": len(self.fx_misses),
+                "aotLoadFailures": self.aot_load_failures, "engineInitSeconds": self.init_s}
+
+
+def evidence(log_text: str) -> EngineEvidence:
+    init = _INIT.findall(log_text)
+    return EngineEvidence(tuple(_FX_HIT.findall(log_text)), tuple(_FX_MISS.findall(log_text)),
+                          len(_AOT_FAIL.findall(log_text)), float(init[-1]) if init else None)
+
+
+def make_model(dest: Path, **kw) -> Path:
+    """The tiny Llama (testenv/tinymodel.py) written into ``dest`` by the serving environment, which has torch
+    and transformers; nothing is downloaded."""
+    import subprocess
+
+    args = [f"--{k}={v}" for k, v in kw.items()]
+    subprocess.run([podrun.which_python(), str(Path(__file__).with_name("tinymodel.py")), str(dest), *args],
+                   check=True, capture_output=True)
+    return dest
+
+
+def rendered_pod(p) -> tuple[dict, dict[str, dict], list[dict]]:
+    """(pod spec, ConfigMaps by name, all documents) of ``nodewarm render`` for this profile."""
+    from nodewarm import instancetypes
+    from nodewarm.nodeclasses.render import render
+
+    docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{p.name}-vllm")
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    return deployment["spec"]["template"]["spec"], configmaps, docs
+
+
+@dataclass
+class Node:
+    name: str
+    root: Path                       # the node's "/": hostPath volumes live under it
+    runtime_env: dict[str, str] = field(default_factory=lambda: {**CPU_RUNTIME_ENV, **EVIDENCE_ENV})
+
+    def host(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    def compile_cache(self, p) -> Path:
+        """The host side of the pod's /compile-cache hostPath."""
+        return self.host(p.compile_cache_dir)
+
+    def warm(self, doc: dict, node_labels: dict[str, str] | None = None):
+        """This node's agent, once, as the DaemonSet/host agent runs it for the profile document ``doc``:
+        weights from S3 into the node's copy, then the compile-cache restore and its baseline."""
+        from nodewarm.bootstrap import agent, follow, profilesource
+        from nodewarm.profile import from_dict
+
+        p = from_dict(doc)
+        mount = self.host(p.nodes.cache_mount)
+        opts = follow.FollowOptions(profile=p.name, mount=mount, node_name=self.name, allow_non_nvme=True)
+        cfg = follow.agent_config(profilesource.resolve(doc, mount), opts, node_labels)
+        return agent.warm(cfg)
+
+
+@dataclass
+class Serving:
+    """One serving pod on a node: vLLM, and the publisher when the profile has one."""
+    vllm: podrun.Pod
+    publisher: podrun.Pod | None
+    base_url: str
+    ready_s: float = 0.0
+
+    def stop(self) -> None:
+        for pod in (self.publisher, self.vllm):
+            if pod is not None:
+                pod.stop()
+
+    def publisher_outcome(self, timeout: float) -> tuple[str, str, dict]:
+        """Wait for the publisher's one-line verdict (``nodewarm publish`` then idles); (outcome, reason, JSON)."""
+        assert self.publisher is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.publisher.text()
+            m = _PUBLISHER_DONE.search(text)
+            if m:
+                return m.group(1), m.group(2), _last_json(text)
+            if self.publisher.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the publisher gave no verdict; its log ends:\n{text[-4000:]}")
+            time.sleep(1)
+
+
+def _last_json(text: str) -> dict:
+    start = text.rfind("\n{")
+    try:
+        return json.loads(text[start + 1:text.index("\n}", start) + 2]) if start >= 0 else {}
+    except ValueError:
+        return {}
+
+
+def serve(node: Node, p, work: Path, *, extra_env: dict[str, str] | None = None,
+          publisher_env: dict[str, str] | None = None, signing_dir: Path | None = None,
+          ready_timeout: float = 900) -> Serving:
+    """Start the rendered pod of ``p`` on ``node`` (vLLM first, the publisher beside it when rendered) and wait
+    until vLLM serves. ``extra_env``: what the runtime adds to both containers (credentials); ``publisher_env``:
+    to the publisher only (its in-cluster API credentials, as a KUBECONFIG). Stops what it started on failure."""
+    spec, configmaps, _ = rendered_pod(p)
+    port = p.serving.port
+    env = {**node.runtime_env, **(extra_env or {})}
+    common = dict(node_root=node.root, work=work, configmaps=configmaps, node_name=node.name,
+                  pod_name=f"{p.name}-vllm-0", namespace=p.serving.namespace)
+    vllm = podrun.start(spec, "vllm", extra_env=env, **common)
+    publisher = None
+    try:
+        if any(c["name"] == "nodewarm-publish" for c in spec["containers"]):
+            if signing_dir is None:
+                raise ValueError("the profile renders a publisher: give signing_dir (its signing-key Secret)")
+            publisher = podrun.start(spec, "nodewarm-publish", volumes={"signing-key": signing_dir},
+                                     extra_env={**env, **(publisher_env or {})}, **common)
+        base = f"http://127.0.0.1:{port}"
+        ready = vllmclient.wait_ready(base, timeout=ready_timeout, alive=lambda: vllm.proc.poll() is None,
+                                      log_tail=vllm.text)
+    except BaseException:
+        for pod in (publisher, vllm):
+            if pod is not None:
+                pod.stop()
+        raise
+    return Serving(vllm, publisher, base, ready)
