@@ -34,7 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from nodewarm.nodeclasses.labels import (
-    CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, DEFAULT_TAINT, GENERATION_LABEL, GPUS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, CLEANUP_CONDITION, CLEANUP_FINALIZER,
+    DEFAULT_TAINT, GENERATION_LABEL, GPUS_ANNOTATION,
     IMAGE_ANNOTATION, INSTANCE_TYPE_LABEL, LAUNCH_FAILURE_ANNOTATION, NODEPOOL_LABEL, PROGRESS_ANNOTATION, STATE_ANNOTATION,
     TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
 )
@@ -141,15 +142,31 @@ class ProfileView:
     deadline: str
     deadline_s: float | None
     on_deadline: str
+    # A deleted profile whose clean-up is held (its finalizer still on): it keeps gating its pool, so its nodes
+    # stay its own. ``cleanup`` is the reason of its Cleanup condition (WouldDrift: removing the taint would
+    # replace the pool's nodes), "Pending" before the controller has written one; "" for a live profile.
+    cleanup: str = ""
+    cleanup_message: str = ""
 
     @classmethod
     def from_obj(cls, o: dict) -> "ProfileView":
         spec = o.get("spec") or {}
         r = spec.get("readiness") or {}
         deadline = r.get("deadline", "20m")
+        cleanup, message = "", ""
+        if _held(o):
+            c = _condition(o, CLEANUP_CONDITION) or {}
+            cleanup, message = c.get("reason") or "Pending", c.get("message") or \
+                "the controller has not reported on the clean-up yet"
         return cls(name=o["metadata"]["name"], node_pool=(spec.get("nodes") or {}).get("nodePool", ""),
                    taint_key=r.get("taintKey", DEFAULT_TAINT), deadline=deadline, deadline_s=_duration_s(deadline),
-                   on_deadline=r.get("onDeadline", "untaint"))
+                   on_deadline=r.get("onDeadline", "untaint"), cleanup=cleanup, cleanup_message=" ".join(message.split()))
+
+
+def _held(o: dict) -> bool:
+    """Deleted, its clean-up still holding it (the controller's ``held_profiles``)."""
+    md = o.get("metadata") or {}
+    return bool(md.get("deletionTimestamp")) and CLEANUP_FINALIZER in (md.get("finalizers") or ())
 
 
 # --------------------------------------------------------------------------------------------------- rows
@@ -195,6 +212,7 @@ class Row:
     generation: str
     image: str
     gpus: str
+    cleanup: str = ""                # the profile is deleted, its clean-up held: why (see ProfileView.cleanup)
 
     @property
     def name(self) -> str:
@@ -366,16 +384,22 @@ def _row(claim: dict | None, node: dict | None, prof: ProfileView | None, now: f
         deadline_left_s=_deadline_left(claim, node, prof, phase, now),
         deadline=prof.deadline if prof else "", on_deadline=prof.on_deadline if prof else "",
         instance_type=_label(node, INSTANCE_TYPE_LABEL) or _label(claim, INSTANCE_TYPE_LABEL),
-        generation=gen, image=_ann(node, IMAGE_ANNOTATION).split(" ", 1)[0], gpus=gpus)
+        generation=gen, image=_ann(node, IMAGE_ANNOTATION).split(" ", 1)[0], gpus=gpus,
+        cleanup=prof.cleanup if prof else "")
 
 
 def _profiles(obs: Observed) -> dict[str, ProfileView]:
-    """NodePool -> profile, by the controller's rule: a NodePool belongs to the oldest profile that names it
-    (creationTimestamp, then name; a profile being deleted binds nothing); a later one is refused NodePoolTaken."""
+    """NodePool -> profile, by the controller's rule (``profile_for_pool``): a NodePool belongs to the oldest live
+    profile that names it (creationTimestamp, then name; a later one is refused NodePoolTaken), else to a deleted
+    one whose clean-up still holds it (its finalizer on: it keeps gating the pool). A deleted profile with no
+    clean-up pending binds nothing."""
     out: dict[str, ProfileView] = {}
-    live = [o for o in obs.profiles if not (o.get("metadata") or {}).get("deletionTimestamp")]
-    for o in sorted(live, key=lambda o: ((o.get("metadata") or {}).get("creationTimestamp") or "",
-                                         (o.get("metadata") or {}).get("name") or "")):
+
+    def age(o: dict) -> tuple[str, str]:
+        return (o.get("metadata") or {}).get("creationTimestamp") or "", (o.get("metadata") or {}).get("name") or ""
+
+    live = sorted((o for o in obs.profiles if not (o.get("metadata") or {}).get("deletionTimestamp")), key=age)
+    for o in live + sorted(filter(_held, obs.profiles), key=age):
         try:
             p = ProfileView.from_obj(o)
         except (KeyError, TypeError, AttributeError):
@@ -559,6 +583,8 @@ def explain(obs: Observed, name: str, now: float, events_limit: int = 10) -> Exp
         notes = []
         if prof is None:
             notes.append(f"no WarmProfile manages NodePool {pool or '(none)'}: no deadline known")
+        elif prof.cleanup:
+            notes.append(held_note(prof))
         if node is not None and _ann(node, LAUNCH_FAILURE_ANNOTATION):
             notes.append(f"launch failure recorded: {_ann(node, LAUNCH_FAILURE_ANNOTATION)}")
         if node is not None and _ann(node, CACHE_REASON_ANNOTATION):
@@ -606,7 +632,8 @@ def format_explanation(x: Explanation) -> str:
     r = x.row
     lines = [f"Node:        {r.node or '<none yet>'}", f"NodeClaim:   {r.node_claim or '-'}",
              f"Profile:     {r.profile or '-'}" + (f" (deadline {r.deadline}, onDeadline={r.on_deadline})"
-                                                   if r.deadline else ""),
+                                                   if r.deadline else "")
+             + (f" deleted, clean-up held: {r.cleanup}" if r.cleanup else ""),
              f"Phase:       {r.phase} for {fmt_duration(r.in_phase_s)}",
              f"Reason:      {r.reason or '-'}" + (f": {r.message}" if r.message else ""),
              f"Weights:     {r.weights.text()}", f"Cache:       {r.cache}",
@@ -640,6 +667,17 @@ def format_explanation(x: Explanation) -> str:
     else:
         lines.append("  <none>")
     return "\n".join(lines)
+
+
+def held_note(p: ProfileView) -> str:
+    return (f"WarmProfile {p.name} is deleted; its clean-up is held ({CLEANUP_CONDITION}={p.cleanup}), so it still "
+            f"gates NodePool {p.node_pool}: {p.cleanup_message}")
+
+
+def held_notes(rs: list[Row], obs: Observed) -> list[str]:
+    """One line per held profile among the rows: what its clean-up waits for and how to finish it."""
+    shown = {r.profile for r in rs if r.cleanup}
+    return [held_note(p) for p in _profiles(obs).values() if p.name in shown]
 
 
 def fmt_secs(s: float) -> str:
@@ -736,6 +774,8 @@ def run(args: argparse.Namespace) -> int:
         print("No nodes of a WarmProfile's NodePool" + (f" (profile {args.profile})" if args.profile else "") + ".")
     else:
         print(format_rows(rs, wide=args.output == "wide"))
+        for note in held_notes(rs, obs):
+            print(f"\n{note}")
     return 0
 
 
@@ -744,6 +784,9 @@ phases: Launching -> Registering -> Warming -> Warm -> Untainted(serving); past 
 DeadlineUntaint(cold) or DeadlineKeep; Failed (the agent reported Warm=False); Replacing (being deleted).
 WEIGHTS shows bytes done/total while the agent pulls (it writes them at most every 30s), the size once pulled.
 CACHE: hit/miss once serving proves it, cold at warm time, restored while a restored bundle awaits proof.
+A deleted WarmProfile whose clean-up is held (its startup taint stays in the NodePool while removing it would
+replace live nodes) still gates its pool: its nodes show under it, and a note under the table says why and how
+to finish (JSON: "cleanup" on each row).
 
 examples:
   nodewarm status                               # every node of every WarmProfile

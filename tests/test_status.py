@@ -244,6 +244,35 @@ def test_a_pool_named_by_two_profiles_shows_the_one_the_controller_binds_it_to()
     assert {r.profile for r in status.rows(observed(warming_pair(), profiles=[newer, deleting]), NOW)} == {"a-newer"}
 
 
+def held(o: dict, reason: str | None = "WouldDrift", finalizers=(labels.CLEANUP_FINALIZER,)) -> dict:
+    """``o`` deleted; with the clean-up finalizer still on it and (``reason``) the controller's Cleanup condition."""
+    md = {**o["metadata"], "deletionTimestamp": ts(30), "finalizers": list(finalizers)}
+    conds = [cond(labels.CLEANUP_CONDITION, "False", reason, 25, "removing it would drift 1 live NodeClaim(s)")] \
+        if reason else []
+    return {**o, "metadata": md, "status": {"conditions": conds}}
+
+
+def test_a_deleted_profile_whose_clean_up_is_held_keeps_its_nodes_as_the_controller_does():
+    # The controller (held_profiles / profile_for_pool): a deleted profile still holding its finalizer keeps gating
+    # its pool, so its nodes, deadline and taint are still its own; a live profile naming the pool comes first.
+    old = profile_obj(deadline="5m")
+    old["metadata"]["creationTimestamp"] = ts(3600)
+    obs = observed(warming_pair(), profiles=[held(old)])
+    rs = status.rows(obs, NOW)
+    assert [(r.profile, r.phase, r.cleanup, r.deadline) for r in rs] == [(PROFILE, "Warming", "WouldDrift", "5m")]
+    assert status.held_notes(rs, obs) == [
+        f"WarmProfile {PROFILE} is deleted; its clean-up is held (Cleanup=WouldDrift), so it still gates NodePool "
+        f"{POOL}: removing it would drift 1 live NodeClaim(s)"]
+    x = status.explain(obs, "ip-10-0-1-1.ec2.internal", NOW)
+    assert "clean-up held: WouldDrift" in status.format_explanation(x) and status.held_notes(rs, obs)[0] in x.notes
+    assert status.rows(observed(warming_pair(), profiles=[held(old, reason=None)]), NOW)[0].cleanup == "Pending"
+    assert status.rows(observed(warming_pair(), profiles=[held(old, finalizers=())]), NOW) == []   # nothing held
+    newer = profile_obj("a-newer")
+    newer["metadata"]["creationTimestamp"] = ts(60)
+    assert [(r.profile, r.cleanup) for r in status.rows(observed(warming_pair(), profiles=[held(old), newer]),
+                                                        NOW)] == [("a-newer", "")]
+
+
 def test_profile_filter_and_nodes_outside_any_profile_are_left_out():
     other = profile_obj("llama", "gpu-p4d")
     c, n = warm_pair()
@@ -574,3 +603,40 @@ def test_status_against_the_real_api_server_read_only(kube, admin, k, tmp_path, 
         assert main(["status", "--kubeconfig", str(kubeconfig), "--profile", "no-such-profile"]) == 1
         assert "no WarmProfile named no-such-profile" in capsys.readouterr().err
     k.delete(NODES, plain)
+
+
+@pytest.mark.kube
+def test_status_shows_a_deleted_profile_whose_clean_up_is_held_and_its_nodes(kube, admin, k, tmp_path, capsys):
+    """Deleting a WarmProfile while its pool has live NodeClaims holds the clean-up (removing the startup taint
+    would drift them): the terminating profile still gates the pool, and `status` (read-only) shows its node under
+    it with the clean-up's reason and what finishing it costs."""
+    from nodewarm.cli import main
+    from nodewarm.controller.kube import WARMPROFILES
+    from nodewarm.testenv.karpenter import KarpenterSim
+
+    from controller_fixtures import installed, running, wait_for
+    from test_injection import cleanup_condition, wait_reason
+
+    sim = KarpenterSim(admin)
+    with installed(k, user_data=None, user_startup_taints=()) as inst, running(admin):
+        wait_reason(k, inst.name, "UpToDate")
+        n = sim.scale_up(inst.pool)
+        k.delete(WARMPROFILES, inst.name)
+        wait_for(lambda: cleanup_condition(k, inst.name), what="the clean-up held")
+        kubeconfig, _ = _read_only_kubeconfig(kube, k, tmp_path)
+
+        capsys.readouterr()
+        assert main(["status", "--kubeconfig", str(kubeconfig)]) == 0
+        out = capsys.readouterr().out
+        row = next(line.split() for line in out.splitlines() if line.startswith(n.node))
+        assert row[1:3] == [inst.name, "Warming"], out
+        assert f"WarmProfile {inst.name} is deleted; its clean-up is held (Cleanup=WouldDrift)" in out, out
+        assert "would drift 1 live NodeClaim(s)" in out and "spec.injection.onLive: drift" in out, out
+
+        assert main(["status", "--kubeconfig", str(kubeconfig), "-o", "json", "--profile", inst.name]) == 0
+        items = json.loads(capsys.readouterr().out)["items"]
+        assert [(i["name"], i["profile"], i["cleanup"]) for i in items] == [(n.node, inst.name, "WouldDrift")]
+
+        assert main(["status", "--kubeconfig", str(kubeconfig), n.node]) == 0
+        assert "clean-up held: WouldDrift" in capsys.readouterr().out
+
