@@ -34,20 +34,38 @@ Typical flow:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The node agent's commands, registered alone when they are the command given: the agent's start-up is on
+# the warm-up's critical path, and the other parts' modules (render, controller, demo, status) cost ~0.3 s
+# of imports it never uses (python -X importtime). tests/test_weights_cli.py checks these against TOP_LEVEL.
+AGENT_COMMANDS = {"bootstrap": "nodewarm.bootstrap.cli", "publish": "nodewarm.bootstrap.cli"}
+
+
+def _command(argv: list[str]) -> str | None:
+    """The first positional argument: the top-level command (None for --help, --version or none)."""
+    args = iter(argv)
+    for a in args:
+        if a == "--log-level":
+            next(args, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nodewarm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"nodewarm {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in TOP_LEVEL:
+    only = AGENT_COMMANDS.get(_command(argv)) if argv is not None else None
+    for name in [only] if only else TOP_LEVEL:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     logs.setup(args.log_level)
     if not getattr(args, "func", None):

@@ -103,3 +103,26 @@ def test_bad_uri_and_bad_usage():
     p = weights("http://not-s3/model", "/tmp/nodewarm-never", "--allow-non-nvme")
     assert p.returncode == 1 and "InvalidModelSource" in reason_line(p)
     assert nodewarm("bootstrap", "weights", "--dest", "/tmp/x").returncode == 2
+
+
+def test_agent_commands_start_without_the_other_parts_imports():
+    """The agent's start-up is on the warm-up's critical path: `bootstrap ...` registers its own commands only,
+    and they are the same commands the full parser has."""
+    import argparse
+
+    from nodewarm import cli
+
+    def commands(parser):
+        return {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+
+    full = commands(cli.build_parser())
+    for command, module in cli.AGENT_COMMANDS.items():
+        assert module in cli.TOP_LEVEL and command in full
+        assert commands(cli.build_parser([command])) <= full
+    registered_by_agent = commands(cli.build_parser(["--log-level", "DEBUG", "bootstrap"]))
+    assert registered_by_agent == set(cli.AGENT_COMMANDS)
+    probe = ("import sys; from nodewarm import cli; cli.build_parser(['bootstrap', 'run', '--help']); "
+             "print(sorted(m for m in sys.modules if m in cli.TOP_LEVEL or m.startswith(('jsonschema', 'kubernetes'))))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['nodewarm.bootstrap.cli']"
+    assert nodewarm("bootstrap", "run", "--help").returncode == 0 and "render" in nodewarm("--help").stdout

@@ -81,6 +81,8 @@ class WeightsSummary:
     load_check: dict | None = None
     pull: dict = field(default_factory=dict)
     first_byte_at: float | None = None  # epoch seconds of the first downloaded byte (None: nothing to fetch)
+    first_request_at: float | None = None  # epoch seconds of the first GET sent
+    started_at: float | None = None  # epoch seconds warm_weights began (after the process's imports)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -141,7 +143,7 @@ def _allocated(path: Path) -> int:
 def warm_weights(cfg: WeightsConfig) -> WeightsSummary:
     """Make DEST hold every object under the S3 prefix, verified, and prove the safetensors load."""
     dest = Path(os.path.abspath(cfg.dest))
-    summary = WeightsSummary(ok=False, reason="Failed", message="", uri=cfg.uri, dest=str(dest))
+    summary = WeightsSummary(ok=False, reason="Failed", message="", uri=cfg.uri, dest=str(dest), started_at=time.time())
     phase = _Phases(summary)
     start = time.monotonic()
     try:
@@ -366,7 +368,7 @@ def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[
             try:
                 s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
             finally:
-                summary.first_byte_at = progress.first_byte_at
+                summary.first_byte_at, summary.first_request_at = progress.first_byte_at, progress.first_request_at
     finally:
         summary.verified = dict(verified)
         with lock:  # the pull's threads have stopped; a failed run keeps what it verified, too

@@ -81,6 +81,11 @@ class Progress:
             self._stream.flush()
 
     first_byte_at: float | None = None  # wall clock (time.time()) of the first byte: the timeline's "first byte"
+    first_request_at: float | None = None  # wall clock of the first GET sent (start-up ends here, bench/weights.py)
+
+    def request_sent(self) -> None:
+        if self.first_request_at is None:  # racing threads may both set it: a microsecond apart
+            self.first_request_at = time.time()
 
     def add(self, n: int) -> None:
         with self._lock:

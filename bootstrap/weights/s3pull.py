@@ -357,7 +357,9 @@ class _Pull:
         def attempt() -> bytes:
             got = 0
             try:
-                resp = conn.get(self._url(f.obj), headers)
+                url = self._url(f.obj)
+                self.progress.request_sent()
+                resp = conn.get(url, headers)
                 etag = resp.headers.get("etag", "").strip('"')
                 if etag and f.obj.etag and etag != f.obj.etag:
                     # Servers that ignore If-Match (and unversioned buckets) still tell us via the ETag.
