@@ -31,6 +31,10 @@ hash-version change they re-stamp the NodeClaims that are not Drifted instead of
 ``mark_drifted`` the drift controller (nodewarm.nodeclasses.drift.nodeclaim_drift: NodePoolDrifted,
 RequirementsDrifted, NodeClassDrift, AMIDrift). ``repair`` plays node repair as Karpenter v1.15 makes it: a
 voluntary disruption for reason ``Unhealthy`` within the NodePool's budgets, terminate-first (REPAIR below).
+It acts on a node that never initialized (a warming node, under the startup taint), as repair up to v1.14 does
+(``pkg/controllers/node/health``: node conditions only). Whether v1.15 still does was not readable (its code was
+not in the snapshot; the other disruption methods refuse such a node, ``ValidateNodeDisruptable``): acting on it
+is the case where repair and nodewarm's deadline can both replace one node, so it is the one to test.
 """
 
 from __future__ import annotations
@@ -102,7 +106,9 @@ REPAIR_POLICIES = (
     RepairPolicy("NetworkingReady", "False", 1800), RepairPolicy("KernelReady", "False", 1800),
     RepairPolicy("ContainerRuntimeReady", "False", 1800),
 )
-UNHEALTHY = "Unhealthy"       # the disruption reason repair's budgets name (v1.15)
+# The disruption reason of repair's budgets in v1.15: "Unhealthy" in PR #3311's review ("Repair" in the RFC, #3192).
+# Only the stand-in's budgets use the name: the controller holds a deadline replace for any DisruptionReason=True.
+UNHEALTHY = "Unhealthy"
 _CRON_FIELDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
 
 
@@ -445,12 +451,14 @@ class KarpenterSim:
         return chosen
 
     def repair_room(self, nodepool: str, now: float | None = None) -> int:
-        """How many more NodeClaims repair may delete now (BuildDisruptionBudgetMapping for reason Unhealthy)."""
+        """How many more NodeClaims repair may delete now (BuildDisruptionBudgetMapping for reason Unhealthy): the
+        budget is counted over the pool's initialized nodes, and only those already being deleted use it up (an
+        uninitialized node being deleted, a deadline replace of a warming node, does not)."""
         now = time.time() if now is None else now
         claims = self._claims_of(nodepool)
         initialized = [c for c in claims if any(x["type"] == "Initialized" and x["status"] == "True"
                                                 for x in (c.get("status") or {}).get("conditions") or ())]
-        deleting = sum(1 for c in claims if c["metadata"].get("deletionTimestamp"))
+        deleting = sum(1 for c in initialized if c["metadata"].get("deletionTimestamp"))
         allowed = budget_allows(self.kube.get(NODEPOOLS, nodepool), UNHEALTHY, len(initialized), now)
         return max(0, allowed - deleting)
 

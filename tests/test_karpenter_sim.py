@@ -218,3 +218,17 @@ def test_repair_is_a_budgeted_terminate_first_disruption(kube):
         assert after == before                                 # terminate-first: no replacement launched ahead
         sim.finish_termination(b.claim)
         assert sim.repair(inst.pool) == [a.claim]
+
+
+def test_an_uninitialized_node_being_deleted_does_not_use_up_the_repair_budget(kube):
+    # BuildDisruptionBudgetMapping counts initialized nodes only, for the total and for those being deleted: a warming
+    # node nodewarm's deadline is replacing (never initialized: its startup taint is on) leaves repair's budget alone.
+    admin = kube.api_client()
+    k, sim = Kube(admin), KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst:
+        a = _initialized(k, sim, inst.pool)
+        warming = sim.scale_up(inst.pool)
+        sim.delete_nodeclaim(warming.claim)
+        k.merge_patch(NODEPOOLS, inst.pool, {"spec": {"disruption": {"budgets": [{"nodes": "1"}]}}})
+        sim.set_node_condition(a.node, "AcceleratedHardwareReady", "False", ago_s=11 * 60)
+        assert sim.repair(inst.pool) == [a.claim]
