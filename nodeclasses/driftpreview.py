@@ -110,8 +110,11 @@ def static_drift(kind: str, live: dict, after: dict, claim: dict) -> tuple[str, 
         if kind == "NodePool":
             return WOULD, f"{kind} {live['metadata']['name']}: changes {_changed_fields(kind, live, after)}"
     # The EC2NodeClass hash takes the cluster's CA bundle as an input Karpenter reads itself: judged relative to the
-    # live object's own stamp (same CA on both sides), and Auto Mode's NodeClass by its spec.
-    if drift.would_drift(live, after):
+    # live object's own stamp (same CA on both sides), at the hash version it is stamped with (v5 hashes the kubelet
+    # as a struct, v6 as a JSON string: reordering a list drifts only at v6); Auto Mode's NodeClass by its spec.
+    version = live_version if live_version in karpenterhash.EC2NODECLASS_VERSIONS else \
+        karpenterhash.DEFAULT_EC2NODECLASS_VERSION
+    if drift.would_drift(live, after, version=version):
         return WOULD, f"{kind} {live['metadata']['name']}: changes {_changed_fields(kind, live, after)}"
     return None
 

@@ -333,3 +333,25 @@ def test_cli_prints_kind_name_version_hash(tmp_path, capsys):
         assert main(["drift", "hash", "-f", str(f), "--ca-bundle", str(tmp_path / "ca"), "--hash-version", version]) == 0
         assert capsys.readouterr().out.splitlines() == [f"EC2NodeClass default {version} {value}",
                                                         f"NodePool gpu v3 {_np(pool())}"]
+
+
+def test_the_drift_preview_judges_an_ec2nodeclass_at_the_hash_version_it_is_stamped_with():
+    # v6 hashes the kubelet as a JSON string (list order counts), v5 as a struct (lists are sets): reordering
+    # clusterDNS drifts a v6-stamped class's NodeClaims and no v5-stamped one's.
+    from nodewarm.nodeclasses import driftpreview
+
+    def stamped(version: str, cluster_dns: list[str]) -> dict:
+        o = {"kind": "EC2NodeClass", "metadata": {"name": "gpu"}, "spec": {
+            "role": "KarpenterNodeRole", "amiSelectorTerms": [{"alias": "al2023@v20250101"}],
+            "kubelet": {"clusterDNS": cluster_dns}}}
+        h = kh.ec2nodeclass_hash(o, "Q0E=", version)
+        o["metadata"]["annotations"] = {h.hash_annotation: h.value, h.version_annotation: version}
+        return o
+
+    for version, verdict in (("v5", None), ("v6", driftpreview.WOULD)):
+        live = stamped(version, ["10.0.0.10", "10.0.0.11"])
+        claim = {"metadata": {"name": "gpu-abc", "annotations": dict(live["metadata"]["annotations"])}}
+        after = copy.deepcopy(live)
+        after["spec"]["kubelet"]["clusterDNS"].reverse()
+        found = driftpreview.static_drift("EC2NodeClass", live, after, claim)
+        assert (found[0] if found else None) == verdict, version
