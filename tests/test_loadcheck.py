@@ -73,7 +73,10 @@ def test_each_file_is_checked_as_it_lands_and_one_is_streamed_while_the_rest_dow
     proxy.rule = lambda r: Hook(lambda req: waited.append(first_checked.wait(60))) \
         if r.is_get and r.path.endswith(second) else None
     with loop_volume(tmp_path, 64) as vol:
-        summary = warm(uri, vol / "m", load_check=True, stream_check=True, concurrency=1)
+        # The held GET waits as long as the hook may hold it: the streamer's torch import can take seconds on a
+        # loaded machine, and the tests' 1 s stall timeout would turn that wait into retries that give up.
+        summary = warm(uri, vol / "m", load_check=True, stream_check=True, concurrency=1, stall_timeout_s=60.0,
+                       request_timeout_s=90.0)
     assert waited and all(waited)
     assert streamed == [first], "the streamer reads one file, the first to land"
     assert headers == [first, second], "every safetensors file gets the header check"

@@ -341,3 +341,30 @@ def test_manifest_is_rewritten_per_interval_not_per_file(s3, proxy, tmp_path, mo
     assert saves == [0, len(files)]  # the plan's (nothing yet), then once when the pull ends
     again = warm(uri, tmp_path / "model")
     assert again.downloaded_files == 0 and again.skipped == len(files)
+
+
+def test_gets_start_while_the_heads_are_still_under_way(s3, proxy, tmp_path):
+    """The pull does not wait for the last HEAD: each file's GETs start once its own HEAD is back (a model
+    of many files spent its whole HEAD phase before the first byte)."""
+    import threading
+
+    from faultproxy import Hook
+
+    files = model_files(shards=3, mib_per_shard=1, seed=77)
+    uri = put_model(s3, files)
+    last = sorted(files)[-1]
+    got_a_get, waited = threading.Event(), []
+
+    def rule(r):
+        if r.is_get:
+            got_a_get.set()
+        elif r.method == "HEAD" and r.path.endswith(last):
+            # Held until some GET has arrived: a pull that waited for every HEAD would never send one.
+            return Hook(lambda req: waited.append(got_a_get.wait(20)))
+        return None
+
+    proxy.rule = rule
+    summary = warm(uri, tmp_path / "model", stall_timeout_s=30.0, request_timeout_s=60.0)
+    assert waited == [True]
+    assert visible_files(tmp_path / "model") == files and summary.downloaded_files == len(files)
+    assert summary.started_at <= summary.first_request_at <= summary.first_byte_at

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
 
 from ..s3client import RetryPolicy, S3ObjectMissing, S3Uri, call_with_retries
 from . import rangeget
@@ -81,31 +83,53 @@ class _Heads:
             conn.close()
 
 
-def list_model(client, uri: S3Uri, policy: RetryPolicy, workers: int = 16, exclude: tuple[str, ...] = (),
-               timeouts: tuple[float, float] = (5.0, 10.0)) -> tuple[list[RemoteObject], list[str]]:
-    """List the prefix and HEAD each wanted object (VersionId and checksums are not in the listing).
-    ``timeouts``: (connect, stall) seconds for the HEADs' connections, as for the pull's.
+@dataclass(frozen=True)
+class Listed:
+    """A key as ListObjectsV2 gives it: enough to size the pull before any HEAD."""
 
-    Returns (objects sorted by key, skipped keys).
-    """
-    keys: list[str] = []
+    key: str
+    size: int
+    etag: str
+
+
+def list_keys(client, uri: S3Uri, policy: RetryPolicy,
+              exclude: tuple[str, ...] = ()) -> tuple[list[Listed], list[str]]:
+    """The wanted keys under the prefix, sorted (S3 lists in key order), and the skipped ones."""
+    listed: dict[str, Listed] = {}
     token = None
     while True:
         kwargs = {"Bucket": uri.bucket, "Prefix": uri.prefix}
         if token:
             kwargs["ContinuationToken"] = token
         page = call_with_retries(lambda: client.list_objects_v2(**kwargs), f"list {uri}", policy)
-        keys += [o["Key"] for o in page.get("Contents", [])]
+        for o in page.get("Contents", []):
+            listed[o["Key"]] = Listed(o["Key"], int(o.get("Size", 0)), o.get("ETag", "").strip('"'))
         token = page.get("NextContinuationToken")
         if not page.get("IsTruncated") or not token:
             break
-    wanted, skipped = select(keys, uri.prefix, exclude)
+    wanted, skipped = select(list(listed), uri.prefix, exclude)
     if not wanted:
-        raise S3ObjectMissing(f"nothing to pull under {uri} (listed {len(keys)} keys); check --uri")
-    heads = _Heads(client, uri.bucket, uri.prefix, policy, timeouts)
+        raise S3ObjectMissing(f"nothing to pull under {uri} (listed {len(listed)} keys); check --uri")
+    return sorted((listed[k] for k in wanted), key=lambda o: o.key), skipped
+
+
+def heads(client, uri: S3Uri, keys: list[str], policy: RetryPolicy, workers: int = 16,
+          timeouts: tuple[float, float] = (5.0, 10.0)) -> Iterator[RemoteObject]:
+    """HEAD each key (VersionId and checksums are not in the listing), ``workers`` at a time; yields the
+    objects in the order of ``keys`` as soon as each is known, so the pull starts after the first HEAD, not
+    the last. ``timeouts``: (connect, stall) seconds for the HEADs' connections, as for the pull's.
+    Closing the iterator early cancels the HEADs not yet sent."""
+    h = _Heads(client, uri.bucket, uri.prefix, policy, timeouts)
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys))), thread_name_prefix="s3head")
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(wanted)))) as pool:
-            objects = list(pool.map(heads.object, wanted))
+        yield from pool.map(h.object, keys)
     finally:
-        heads.close()
-    return sorted(objects, key=lambda o: o.key), skipped
+        pool.shutdown(wait=True, cancel_futures=True)
+        h.close()
+
+
+def list_model(client, uri: S3Uri, policy: RetryPolicy, workers: int = 16, exclude: tuple[str, ...] = (),
+               timeouts: tuple[float, float] = (5.0, 10.0)) -> tuple[list[RemoteObject], list[str]]:
+    """List the prefix and HEAD every wanted object. Returns (objects sorted by key, skipped keys)."""
+    listed, skipped = list_keys(client, uri, policy, exclude)
+    return list(heads(client, uri, [o.key for o in listed], policy, workers, timeouts)), skipped

@@ -160,9 +160,21 @@ def plan(remote: list[RemoteObject], local: LocalManifest, on_disk: dict[str, tu
             fetch.append(Fetch(obj, "modified-locally"))
         else:
             keep.append(obj)
-    wanted = {o.rel_path for o in remote}
-    remove = tuple(sorted(p for p in set(local.entries) | set(local.previous) if p not in wanted))
-    return Plan(tuple(fetch), tuple(keep), remove)
+    return Plan(tuple(fetch), tuple(keep), removals({o.rel_path for o in remote}, local))
+
+
+def removals(wanted: set[str], local: LocalManifest) -> tuple[str, ...]:
+    """Rel paths we wrote earlier (this model's or a previous URI's) that are not wanted now: to delete."""
+    return tuple(sorted(p for p in set(local.entries) | set(local.previous) if p not in wanted))
+
+
+def likely_unchanged(listed_key: str, size: int, etag: str, rel: str, local: LocalManifest,
+                     on_disk: dict[str, tuple[int, int]]) -> bool:
+    """What the listing alone says (no VersionId or checksum yet): the file we verified earlier is still
+    this key's, untouched on disk. Sizes the pull and checks capacity before the HEADs; ``plan`` decides."""
+    entry = local.entries.get(rel)
+    return (entry is not None and (entry.key, entry.size, entry.etag) == (listed_key, size, etag)
+            and on_disk.get(rel) == (entry.size, entry.mtime_ns))
 
 
 def local_rel_path(rel: str) -> str:

@@ -194,21 +194,22 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         summary.storage = asdict(storage)  # also on refusal: the node condition reports what backs DEST
         mounts.require_instance_store(storage, cfg.allow_non_nvme)
 
-    base = s3pull.PullConfig(**cfg.pull_overrides)  # timeouts and retries; sizing waits for the plan
+    base = s3pull.PullConfig(**cfg.pull_overrides)  # timeouts and retries; sizing waits for the listing
     with phase("list"):
         # One client for the listing and the pull: it only lists and signs (the bytes and the HEADs go over
         # rangeget's connections), and each new botocore session costs ~0.1 CPU-s of handler registration.
         client = s3client.make_client(4, base.connect_timeout_s, base.stall_timeout_s)
-        objects, summary.excluded = listing.list_model(client, uri, base.retry, exclude=cfg.exclude,
-                                                       timeouts=(base.connect_timeout_s, base.stall_timeout_s))
-    summary.files, summary.bytes = len(objects), sum(o.size for o in objects)
+        listed, summary.excluded = listing.list_keys(client, uri, base.retry, exclude=cfg.exclude)
+    rels = {o.key: manifest.rel_path_for(o.key, uri.prefix) for o in listed}
+    summary.files, summary.bytes = len(listed), sum(o.size for o in listed)
     log.info("weights.listed", uri=str(uri), files=summary.files, bytes=summary.bytes,
              excluded=len(summary.excluded))
-    tensors = [o.rel_path for o in objects if o.rel_path.endswith(".safetensors")]
+    tensors = [rel for rel in rels.values() if rel.endswith(".safetensors")]
     if cfg.load_check and not tensors:
         # vLLM's runai_streamer load format reads only safetensors: fail now, not after the download.
-        raise LoadCheckFailed(f"{uri} has no *.safetensors file (listed: {', '.join(o.rel_path for o in objects[:8])}"
-                              f"{', ...' if len(objects) > 8 else ''}); vLLM's runai_streamer loader reads only "
+        names = list(rels.values())
+        raise LoadCheckFailed(f"{uri} has no *.safetensors file (listed: {', '.join(names[:8])}"
+                              f"{', ...' if len(names) > 8 else ''}); vLLM's runai_streamer loader reads only "
                               "safetensors: convert the model or point --uri at its safetensors export",
                               reason="NoSafetensors")
 
@@ -217,38 +218,45 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
     with _dest_lock(state):
         with phase("plan"):
             local = manifest.load_local(state / MANIFEST_FILE, str(uri))
-            plan = manifest.plan(objects, local, _on_disk(dest, {o.rel_path for o in objects} | set(local.entries)))
-            for rel in plan.remove:
+            remove = manifest.removals(set(rels.values()), local)
+            for rel in remove:
                 confined.unlink(dest, rel)  # never through a link: the path came from a file on disk
                 local.entries.pop(rel, None)
             local.previous = ()
             manifest.save_local(state / MANIFEST_FILE, local)
-            _discard_stale_partials(dest, {f.obj.rel_path for f in plan.fetch})
-        summary.skipped, summary.changed, summary.removed = len(plan.keep), plan.changed, len(plan.remove)
-        log.info("weights.plan", fetch=len(plan.fetch), fetch_bytes=plan.fetch_bytes, unchanged=len(plan.keep),
-                 changed=plan.changed, removed=len(plan.remove),
-                 why=dict(Counter(f.why for f in plan.fetch)))
+            on_disk = _on_disk(dest, set(rels.values()) | set(local.entries))
+            # The listing sizes the pull and the capacity check before any HEAD; the HEADs then decide each
+            # object (manifest.plan: VersionId and checksum too) while the pull already runs.
+            likely = [o for o in listed if not manifest.likely_unchanged(o.key, o.size, o.etag, rels[o.key], local, on_disk)]
+            _discard_stale_partials(dest, {rels[o.key] for o in likely})
+        summary.removed = len(remove)
 
         with phase("capacity"):
             # Preallocated partials from an interrupted run already hold their space.
-            held = sum(_allocated(s3pull.partial_paths(dest, f.obj.rel_path)[0]) for f in plan.fetch)
-            need = max(0, plan.fetch_bytes - held)
-            if plan.fetch:
+            held = sum(_allocated(s3pull.partial_paths(dest, rels[o.key])[0]) for o in likely)
+            need = max(0, sum(o.size for o in likely) - held)
+            if likely:
                 capacity.check_fits(capacity.free_space(str(dest)), need, cfg.headroom)
 
-        fetch = [f.obj for f in plan.fetch]
-        pull_cfg = s3pull.default_config(plan.fetch_bytes, max((o.size for o in fetch), default=0),
+        pull_cfg = s3pull.default_config(sum(o.size for o in likely), max((o.size for o in likely), default=0),
                                          os.cpu_count() or 1, **cfg.pull_overrides)
         summary.pull = {"concurrency": pull_cfg.concurrency, "part_size": pull_cfg.part_size}
+        decided = _Decisions(local, on_disk)
         checker = _LoadChecker(dest, cfg.streamer) if cfg.load_check else None
         try:
-            if checker:
-                # Files this run does not fetch are checked now; fetched ones as each lands (on_file).
-                fetched = {o.rel_path for o in fetch}
-                checker.submit([rel for rel in tensors if rel not in fetched])
+            objects = listing.heads(client, uri, [o.key for o in listed], base.retry,
+                                    timeouts=(base.connect_timeout_s, base.stall_timeout_s))
+            # Files this run does not fetch are checked as each is decided; fetched ones as each lands.
+            on_keep = checker.submit_one if checker else None
             with phase("download"):
-                _download(client, uri, dest, state, fetch, local, pull_cfg, summary, cfg.progress_interval_s,
+                _download(client, uri, dest, state, decided.fetching(objects, on_keep), sum(o.size for o in likely),
+                          local, pull_cfg, summary, cfg.progress_interval_s,
                           on_ready=checker.submit_one if checker else None)
+            fetch = decided.fetch
+            summary.skipped, summary.changed = len(decided.keep), sum(1 for f in fetch if f.why == "changed")
+            log.info("weights.plan", fetch=len(fetch), fetch_bytes=sum(f.obj.size for f in fetch),
+                     unchanged=len(decided.keep), changed=summary.changed, removed=len(remove),
+                     why=dict(Counter(f.why for f in fetch)))
             download_s = summary.phases["download"]
             if summary.downloaded_bytes and download_s > 0:
                 summary.throughput_mb_s = round(summary.downloaded_bytes / download_s / 1e6, 1)
@@ -261,6 +269,29 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         finally:
             if checker:
                 checker.close()
+
+
+class _Decisions:
+    """Each object's plan (keep or fetch, and why) as its HEAD arrives."""
+
+    def __init__(self, local: manifest.LocalManifest, on_disk: dict[str, tuple[int, int]]):
+        self.local, self.on_disk = local, on_disk
+        self.fetch: list[manifest.Fetch] = []
+        self.keep: list[manifest.RemoteObject] = []
+
+    def fetching(self, objects: Iterator[manifest.RemoteObject], on_keep=None) -> Iterator[manifest.RemoteObject]:
+        try:
+            for obj in objects:
+                plan = manifest.plan([obj], self.local, self.on_disk)
+                if plan.fetch:
+                    self.fetch.append(plan.fetch[0])
+                    yield obj
+                else:
+                    self.keep.append(obj)
+                    if on_keep is not None:
+                        on_keep(obj.rel_path)
+        finally:
+            objects.close()
 
 
 class _LoadChecker:
@@ -326,11 +357,9 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
                 pass  # not empty: partials of a file still to fetch
 
 
-def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[manifest.RemoteObject],
-              local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig, summary: WeightsSummary,
-              interval_s: float, on_ready=None) -> None:
-    if not fetch:
-        return
+def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Iterator[manifest.RemoteObject],
+              expected_bytes: int, local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig,
+              summary: WeightsSummary, interval_s: float, on_ready=None) -> None:
     lock = threading.Lock()
     verified: Counter = Counter()
     saved_at = [time.monotonic()]
@@ -361,10 +390,9 @@ def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: list[
         if on_ready is not None:
             on_ready(done.obj.rel_path)
 
-    log.info("weights.download", files=len(fetch), bytes=sum(o.size for o in fetch),
-             concurrency=pull_cfg.concurrency, part_size=pull_cfg.part_size)
+    log.info("weights.download", bytes=expected_bytes, concurrency=pull_cfg.concurrency, part_size=pull_cfg.part_size)
     try:
-        with Progress("download", sum(o.size for o in fetch), interval_s) as progress:
+        with Progress("download", expected_bytes, interval_s) as progress:
             try:
                 s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
             finally:

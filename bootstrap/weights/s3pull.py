@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from nodewarm import logs
 
@@ -293,7 +293,7 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 class _Pull:
-    def __init__(self, client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
+    def __init__(self, client, bucket: str, dest: Path, config: PullConfig,
                  progress: Progress, on_file: Callable[[PulledFile], None]):
         self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
         self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
@@ -306,15 +306,31 @@ class _Pull:
         self.files: list[_File] = []
         self.urls: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic time signed)
         self.verify_failures: dict[str, int] = {}
+        self.pending = 0  # files added and not yet renamed into place
+        self.feeding = True  # more files may still be added
+
+    def add(self, obj: RemoteObject, verifier: ThreadPoolExecutor) -> None:
+        """Prepare one object's temp file (preallocated: a full disk fails here, before its GETs) and queue
+        its missing parts; the workers may already be busy with earlier files."""
         try:
-            for obj in objects:
-                self.files.append(_File(obj, dest, config.part_size))
-        except BaseException as e:
-            self._close_all()
-            if isinstance(e, InsufficientNVMe):
-                _discard_partials(dest, objects)
+            f = _File(obj, self.dest, self.cfg.part_size)
+        except InsufficientNVMe:
+            _discard_partials(self.dest, [obj])  # the others' go when run() stops (they are in self.files)
             raise
-        self.pending = len(self.files)
+        with self.lock:
+            self.files.append(f)
+            self.pending += 1
+        self.progress.add(f.resumed_bytes)
+        if f.done or f.remaining == 0:
+            verifier.submit(self._resume, f)  # hash what an earlier run left (or an empty file)
+        for i in f.missing:
+            self.tasks.put((f, i))
+
+    def _file_done(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            if self.pending == 0 and not self.feeding:
+                self.all_done.set()
 
     def fail(self, exc: BaseException) -> None:
         with self.lock:
@@ -481,36 +497,42 @@ class _Pull:
                 raise write_error(e, f.final) from e
             self.on_file(PulledFile(f.obj, f.final, method, f.resumed_bytes, synced - start, verified - synced,
                                     sha256))
-            with self.lock:
-                self.pending -= 1
-                if self.pending == 0:
-                    self.all_done.set()
+            self._file_done()
         except BaseException as e:  # noqa: BLE001
             self.fail(e)
 
-    def run(self) -> None:
+    def run(self, objects: Iterable[RemoteObject]) -> None:
         verifier = ThreadPoolExecutor(max_workers=self.cfg.verify_workers, thread_name_prefix="verify")
         threads = [threading.Thread(target=self._worker, args=(verifier,), name=f"s3get-{n}", daemon=True)
                    for n in range(self.cfg.concurrency)]
         try:
-            for f in self.files:
-                self.progress.add(f.resumed_bytes)
-                if f.done or f.remaining == 0:
-                    verifier.submit(self._resume, f)  # hash what an earlier run left (or an empty file)
-                for i in f.missing:
-                    self.tasks.put((f, i))
-            if not self.files:
-                self.all_done.set()
+            if isinstance(objects, (list, tuple)):
+                # All known up front: every file is preallocated before the first GET.
+                for obj in objects:
+                    self.add(obj, verifier)
+                objects = ()
             for t in threads:
                 t.start()
+            for obj in objects:  # a stream (the HEADs still under way): each file's GETs start at once
+                if self.cancelled.is_set():
+                    break
+                self.add(obj, verifier)
+            with self.lock:
+                self.feeding = False
+                if self.pending == 0:
+                    self.all_done.set()
             self.all_done.wait()
         except BaseException as e:  # KeyboardInterrupt: stop the workers, keep partials for resume
             self.fail(e)
         finally:
+            close = getattr(objects, "close", None)
+            if close is not None:
+                close()  # a stream left early (a failure): cancel the HEADs it has not sent yet
             for _ in threads:
                 self.tasks.put(None)
             for t in threads:
-                t.join()
+                if t.ident is not None:  # started
+                    t.join()
             verifier.shutdown(wait=True)
             self._close_all()
         if self.error is not None:
@@ -547,12 +569,15 @@ def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:
             p.unlink(missing_ok=True)
 
 
-def pull(client, bucket: str, objects: list[RemoteObject], dest: Path, config: PullConfig,
+def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, config: PullConfig,
          progress: Progress, on_file: Callable[[PulledFile], None]) -> None:
     """Download ``objects`` into ``dest`` (their rel paths), calling ``on_file`` as each one is verified.
 
+    ``objects`` may be a list (every file is preallocated before the first GET) or an iterator still
+    producing them (the pipeline's HEADs): then each file's GETs start as soon as it arrives, and an error
+    raised by the iterator stops the pull like any other.
     Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
     were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
     a full disk).
     """
-    _Pull(client, bucket, objects, dest, config, progress, on_file).run()
+    _Pull(client, bucket, dest, config, progress, on_file).run(objects)
