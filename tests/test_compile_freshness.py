@@ -157,8 +157,10 @@ def test_every_compile_relevant_engine_setting_changes_the_key():
     # vLLM's spellings of one setting are one key; JSON spacing and order do not matter.
     assert _key(extraArgs=["--max_num_batched_tokens=8192"]) == _key(extraArgs=["--max-num-batched-tokens", "8192"]) \
         == changed["extraArgs batched tokens"]
-    assert _key(extraArgs=['--compilation_config={"level":3}']) == changed["extraArgs compilation config"] \
-        == _key(extraArgs=["-O3"])
+    assert _key(extraArgs=['--compilation_config={"level":3}']) == changed["extraArgs compilation config"]
+    # -O3 is vLLM's --optimization-level=3 (its parser's rewrite), not a compilation-config level.
+    assert _key(extraArgs=["-O3"]) == _key(extraArgs=["-O", "3"]) == _key(extraArgs=["--optimization-level=3"]) \
+        != changed["extraArgs compilation config"]
     # How the HTTP server listens compiles nothing.
     assert _key(extraArgs=["--disable-log-requests", "--disable-log-stats"]) == base
 
