@@ -20,6 +20,11 @@ The image is this machine's serving environment (``.venv-serving``: python3 + vL
 ``valueFrom`` must be given by the caller, which fails loudly if it is not). The network is the machine's own: the
 caller picks the profile's serving port.
 
+The container's own filesystem is the machine's, except ``/tmp``: a fresh directory per pod (``work/tmp``), as
+a container has its own. What a pod writes there (the start script's private cold-start caches, vLLM's
+temporary files) must neither outlive it nor be seen by another pod, as it would through the machine's /tmp.
+``HOME`` is ``/tmp/home`` in it.
+
 Mount points that do not exist yet are created as empty directories on this machine (the namespace cannot make
 them) and removed again by :meth:`Pod.stop` when they are still empty.
 """
@@ -150,9 +155,8 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
             p.mkdir()
             made.append(p)
 
-    env = {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": str(work / "home"),
-           "LANG": "C.UTF-8"}
-    (work / "home").mkdir(exist_ok=True)
+    env = {"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home", "LANG": "C.UTF-8"}
+    (work / "tmp" / "home").mkdir(parents=True, exist_ok=True)
     env.update(_env(c, pod_name, namespace, node_name, dict(env_from)))
     env.update(dict(extra_env))
     argv = list(c.get("command") or []) + list(c.get("args") or [])
@@ -165,6 +169,8 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
                       f"tmpfs {shlex.quote(target)}")
     for src, target in binds:
         script.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(target)}")
+    # Last: the sources above may lie under the machine's /tmp (pytest's tmp_path).
+    script.append(f"mount --bind {shlex.quote(str(work / 'tmp'))} /tmp")
     script.append(f"cd {shlex.quote(c.get('workingDir') or '/')}")
     script.append("exec " + " ".join(shlex.quote(a) for a in argv))
     log = work / f"{container}.log"
