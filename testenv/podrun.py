@@ -164,11 +164,16 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
         raise ValueError(f"container {container!r} has no command: the image's entrypoint is not known here")
 
     script = ["set -e"]
+    # Parents before children, as containerd orders a container's mounts: a mount at /run/x must not hide one at
+    # /var/run/x/y that reaches it through the /var/run -> /run symlink.
+    # The runtime makes a mount point missing inside an earlier mount (there, not on this machine).
+    for src, target in sorted(binds, key=lambda b: len(Path(b[1]).parts)):
+        script.append(f"mkdir -p {shlex.quote(target)}")
+        script.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(target)}")
+    # After the binds: their sources may lie under this machine's /dev/shm, which a memory emptyDir there hides.
     for target, size in tmpfs:
         script.append(f"mount -t tmpfs -o size={shlex.quote(size.replace('Gi', 'g').replace('Mi', 'm'))} "
                       f"tmpfs {shlex.quote(target)}")
-    for src, target in binds:
-        script.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(target)}")
     # Last: the sources above may lie under the machine's /tmp (pytest's tmp_path).
     script.append(f"mount --bind {shlex.quote(str(work / 'tmp'))} /tmp")
     script.append(f"cd {shlex.quote(c.get('workingDir') or '/')}")
