@@ -15,6 +15,12 @@ with the aws CLI or boto3 is; nodewarm verifies every file against them. ``--eng
 files laid on disk instead: single-part MD5 ETags, the worst case for verification (one MD5 stream per
 file, ~600 MB/s per core here). The awscrt client runs with response checksum validation on (it can
 check full-object checksums only); the other peers verify nothing.
+
+Two nodewarm rows: ``nodewarm`` runs warm_weights in this process (its imports paid once, like the peers'
+in-process clients), ``nodewarm-cli`` runs `nodewarm bootstrap weights` as a fresh process, as a node does.
+The latter also gives the start-up: process start -> warm_weights -> the first GET of model bytes. With the
+local kube-apiserver built (testenv), the same is timed for `nodewarm bootstrap run --once` (the node agent:
+it reads its WarmProfile as the node before it pulls), once per bench run.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +95,93 @@ def run_nodewarm(dest: Path, env: dict) -> dict:
     return {"seconds": summary.seconds, "download_s": summary.phases["download"], "pull": summary.pull,
             "verified": summary.verified, "fsync_s": summary.fsync_s, "verify_s": summary.verify_s,
             "note": "end to end: list + HEAD of every object, download, fsync and verification of every file"}
+
+
+def _nodewarm_bin() -> str:
+    """The console script a node runs (``nodewarm ...``), beside this Python."""
+    local = Path(sys.executable).parent / "nodewarm"
+    return str(local) if local.exists() else shutil.which("nodewarm") or "nodewarm"
+
+
+def run_nodewarm_cli(dest: Path, env: dict) -> dict:
+    """`nodewarm bootstrap weights` as a fresh process: what a node pays, imports and all."""
+    started = time.time()
+    p = subprocess.run([_nodewarm_bin(), "--log-level", "WARNING", "bootstrap", "weights", "--uri",
+                        f"s3://{BUCKET}/{PREFIX}", "--dest", str(dest), "--allow-non-nvme", "--skip-load-check",
+                        "--headroom-gib", "0", "--json"], env={**os.environ, **env}, capture_output=True, text=True,
+                       check=True)
+    s = json.loads(p.stdout)
+    return {"startup": _startup(started, s), "download_s": s["phases"]["download"],
+            "note": "a fresh process: interpreter start, imports, then as nodewarm"}
+
+
+def _startup(spawned: float, summary: dict) -> dict:
+    """Seconds from the process's start to warm_weights (interpreter, imports, argument parsing; the agent
+    also reads its profile) and to the first GET of model bytes (plus storage check, listing, first HEAD)."""
+    return {"to_weights_s": round(summary["started_at"] - spawned, 3),
+            "to_first_get_s": round(summary["first_request_at"] - spawned, 3)}
+
+
+def agent_startup(server, work: Path, rounds: int) -> dict:
+    """`nodewarm bootstrap run --once` as a node starts it, against a local kube-apiserver (testenv): the node's
+    own kubelet identity reads the WarmProfile, then the pull. Timed from the process's start to the first
+    GET of model bytes; the agent is stopped once the weights are in (its compile-cache and GPU waits are not
+    start-up)."""
+    import yaml
+    from kubernetes import client as k8s
+
+    from nodewarm.kubeapply import apply
+    from nodewarm.nodeclasses import agentaccess
+    from nodewarm.testenv import kube as kubeenv
+    from nodewarm.testenv.crds import all_crds
+
+    node, name = "bench-node", "bench"
+    cluster = kubeenv.start(work / "kube", node_names=(node,))
+    try:
+        cluster.apply_crds(all_crds())
+        admin = cluster.api_client()
+        apply(admin, agentaccess.node_rbac())
+        doc = yaml.safe_load((REPO / "examples/karpenter-al2023.yaml").read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"]["model"]["uri"] = f"s3://{BUCKET}/{PREFIX}"
+        doc["spec"]["nodes"]["region"] = server.region
+        doc["spec"]["bootstrap"]["allowNonNvme"] = True
+        apply(admin, [doc])
+        k8s.CoreV1Api(admin).create_node({"metadata": {"name": node}, "spec": {"taints": [
+            {"key": doc["spec"]["readiness"]["taintKey"], "effect": "NoSchedule"}]}})
+        kubeconfig = cluster.write_kubeconfig(work / "kubeconfig-node", cluster.node_token(node), f"system:node:{node}")
+        runs = []
+        for _ in range(rounds):
+            mount = work / "nvme"
+            shutil.rmtree(mount, ignore_errors=True)
+            mount.mkdir()
+            os.sync()
+            spawned = time.time()
+            agent = subprocess.Popen([_nodewarm_bin(), "--log-level", "WARNING", "bootstrap", "run", "--profile", name,
+                                      "--mount", str(mount), "--node-name", node, "--kubeconfig", str(kubeconfig),
+                                      "--skip-load-check", "--once", "--state-dir", str(work / "agent-state")],
+                                     env={**os.environ, **server.env()}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 300
+                while not (found := list(mount.rglob(".nodewarm/summary.json"))):
+                    if agent.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the agent wrote no weights summary (exit {agent.returncode})")
+                    time.sleep(0.05)
+            finally:
+                agent.terminate()
+                try:
+                    agent.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(agent.pid, signal.SIGKILL)  # its own session: only the agent and its children
+                    agent.wait()
+            summary = json.loads(found[0].read_text())
+            if not summary["ok"]:
+                raise RuntimeError(f"the agent's pull failed: {summary['reason']}: {summary['message']}")
+            runs.append(_startup(spawned, summary))
+        return {"runs": runs, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
+    finally:
+        cluster.stop()
 
 
 def run_boto3(server, dest: Path, objects, tuned: bool) -> dict:
@@ -209,6 +303,7 @@ def bench_shape(args, files: int, file_mib: int) -> dict:
         env = server.env()
         runners = {
             "nodewarm": lambda d: run_nodewarm(d, env),
+            "nodewarm-cli": lambda d: run_nodewarm_cli(d, env),
             "boto3-default": lambda d: run_boto3(server, d, objects, tuned=False),
             "boto3-tuned": lambda d: run_boto3(server, d, objects, tuned=True),
             "crt": lambda d: run_crt(server, d, objects),
@@ -231,12 +326,21 @@ def bench_shape(args, files: int, file_mib: int) -> dict:
                 continue
             seconds = statistics.median(r["seconds"] for r in ok)
             durable = statistics.median(r["durable_s"] for r in ok)
+            if name == "nodewarm-cli":
+                results["startup"] = {k: statistics.median(r["startup"][k] for r in ok) for k in ok[0]["startup"]}
             results["clients"][name] = {"seconds": seconds, "mb_s": round(total / seconds / 1e6, 1),
                                         "durable_mb_s": round(total / durable / 1e6, 1),
                                         "cpu_s_per_gb": statistics.median(r["cpu_s_per_gb"] for r in ok),
                                         "runs_mb_s": [round(total / r["seconds"] / 1e6, 1) for r in ok],
                                         **{k: v for k, v in ok[-1].items()
                                            if k not in ("seconds", "durable_s", "cpu_s_per_gb")}}
+        if args.agent_startup:
+            args.agent_startup = False  # once per bench run: it starts an API server
+            try:
+                results["agent_startup"] = agent_startup(server, work, args.repeat)
+            except Exception as e:  # noqa: BLE001 - no API server here must not hide the transfer figures
+                results["agent_startup"] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{files}x{file_mib}MiB agent start-up {json.dumps(results['agent_startup'])}", flush=True)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -250,7 +354,7 @@ def ratios(clients: dict) -> dict:
     if "nodewarm" not in ok:
         return {}
     nw = ok["nodewarm"]
-    peers = {n: c for n, c in ok.items() if n not in ("nodewarm", "curl")}
+    peers = {n: c for n, c in ok.items() if not n.startswith("nodewarm") and n != "curl"}
     out: dict = {}
     if peers:
         best = max(peers, key=lambda n: peers[n]["mb_s"])
@@ -259,6 +363,12 @@ def ratios(clients: dict) -> dict:
         out.update(best_peer=best, speed_vs_best_peer=round(nw["mb_s"] / peers[best]["mb_s"], 2),
                    durable_vs_best_peer=round(nw["mb_s"] / peers[best_durable]["durable_mb_s"], 2),
                    leanest_peer=lean, cpu_vs_leanest_peer=round(nw["cpu_s_per_gb"] / peers[lean]["cpu_s_per_gb"], 2))
+    if "nodewarm-cli" in ok and peers:
+        cli = ok["nodewarm-cli"]
+        out["cli_speed_vs_best_peer"] = round(cli["mb_s"] / peers[best]["mb_s"], 2)
+        out["cli_cpu_vs_leanest_peer"] = round(cli["cpu_s_per_gb"] / peers[lean]["cpu_s_per_gb"], 2)
+        if "curl" in ok:
+            out["cli_speed_vs_raw_http"] = round(cli["mb_s"] / ok["curl"]["mb_s"], 2)
     if "curl" in ok:
         out["speed_vs_raw_http"] = round(nw["mb_s"] / ok["curl"]["mb_s"], 2)
         out["durable_vs_raw_http"] = round(nw["mb_s"] / ok["curl"]["durable_mb_s"], 2)
@@ -271,7 +381,13 @@ def main() -> int:
     ap.add_argument("--shapes", default="4x256,1x1024,64x16",
                     help="comma-separated FILESxMiB model shapes (default: 4x256,1x1024,64x16)")
     ap.add_argument("--engine", default="seaweedfs", choices=["seaweedfs", "rclone"])
-    ap.add_argument("--clients", default="nodewarm,boto3-default,boto3-tuned,crt,aws-cli,curl")
+    ap.add_argument("--clients", default="nodewarm,nodewarm-cli,boto3-default,boto3-tuned,crt,aws-cli,curl",
+                    help="nodewarm: warm_weights in this process (imports paid once, as the peers' in-process "
+                         "clients); nodewarm-cli: `nodewarm bootstrap weights` as a fresh process, which also "
+                         "gives the start-up figures")
+    ap.add_argument("--agent-startup", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time `nodewarm bootstrap run` start -> first GET against a local kube-apiserver "
+                         "(testenv; skipped with an error line when it cannot start)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the server's data and every client's copy go (default: the temp dir). This VM's "
                          "disk, not the network, limits a durable pull here; /dev/shm stands in for a GPU node's "
@@ -287,7 +403,7 @@ def main() -> int:
     for shape in args.shapes.split(","):
         files, _, mib = shape.partition("x")
         shapes.append((int(files), int(mib)))
-    doc = {"engine": args.engine, "repeat": args.repeat, "cpus": os.cpu_count(),
+    doc = {"engine": args.engine, "repeat": args.repeat, "cpus": os.cpu_count(), "load_avg": os.getloadavg(),
            "workdir": str(args.workdir or tempfile.gettempdir()), "shapes": {}}
     for files, mib in shapes:
         doc["shapes"][f"{files}x{mib}MiB"] = bench_shape(args, files, mib)
@@ -297,6 +413,15 @@ def main() -> int:
             print(f"{shape:12s} {name:14s} {c.get('mb_s', 'error'):>8} {c.get('durable_mb_s', ''):>8} "
                   f"{c.get('cpu_s_per_gb', ''):>9}")
         print(f"{shape:12s} ratios: {json.dumps(res['ratios'])}")
+        if "startup" in res:
+            print(f"{shape:12s} start-up, `bootstrap weights` process start -> warm_weights / first GET: "
+                  f"{res['startup']['to_weights_s']} / {res['startup']['to_first_get_s']} s")
+        if "to_first_get_s" in res.get("agent_startup", {}):
+            a = res["agent_startup"]
+            print(f"{shape:12s} start-up, `bootstrap run` process start -> warm_weights / first GET: "
+                  f"{a['to_weights_s']} / {a['to_first_get_s']} s")
+    doc["load_avg_end"] = os.getloadavg()
+    print(f"load average at start / end: {doc['load_avg']} / {doc['load_avg_end']}")
     out = args.out or REPO / "bench/results" / f"weights-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2))
