@@ -14,7 +14,6 @@ evidence of what it loaded and what it compiled).
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -120,35 +119,49 @@ class Serving:
             if pod is not None:
                 pod.stop()
 
-    def publisher_outcome(self, timeout: float) -> tuple[str, str, dict]:
-        """Wait for the publisher's one-line verdict (``nodewarm publish`` then idles); (outcome, reason, JSON)."""
+    def publisher_outcome(self, timeout: float) -> tuple[str, str]:
+        """Wait for the publisher's verdict line (``nodewarm publish`` prints it once it has proven, reported and
+        published, then idles): (outcome, reason)."""
         assert self.publisher is not None
         deadline = time.monotonic() + timeout
         while True:
             text = self.publisher.text()
             m = _PUBLISHER_DONE.search(text)
             if m:
-                return m.group(1), m.group(2), _last_json(text)
-            if self.publisher.proc.poll() is not None or time.monotonic() > deadline:
+                return m.group(1), m.group(2)
+            if ("Traceback (most recent call last)" in text or self.publisher.proc.poll() is not None
+                    or time.monotonic() > deadline):
                 raise RuntimeError(f"the publisher gave no verdict; its log ends:\n{text[-4000:]}")
             time.sleep(1)
 
 
-def _last_json(text: str) -> dict:
-    start = text.rfind("\n{")
-    try:
-        return json.loads(text[start + 1:text.index("\n}", start) + 2]) if start >= 0 else {}
-    except ValueError:
-        return {}
+def _self_contained(kubeconfig: Path) -> str:
+    """The kubeconfig with its CA file inlined: the pod sees its own /tmp, not the API server's workdir."""
+    import base64
+
+    import yaml
+
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for c in doc.get("clusters") or ():
+        path = c["cluster"].pop("certificate-authority", None)
+        if path:
+            c["cluster"]["certificate-authority-data"] = base64.b64encode(Path(path).read_bytes()).decode()
+    return yaml.safe_dump(doc)
 
 
 def serve(node: Node, p, work: Path, *, extra_env: dict[str, str] | None = None,
-          publisher_env: dict[str, str] | None = None, signing_dir: Path | None = None,
+          publisher_kubeconfig: Path | None = None, signing_dir: Path | None = None,
           ready_timeout: float = 900) -> Serving:
     """Start the rendered pod of ``p`` on ``node`` (vLLM first, the publisher beside it when rendered) and wait
-    until vLLM serves. ``extra_env``: what the runtime adds to both containers (credentials); ``publisher_env``:
-    to the publisher only (its in-cluster API credentials, as a KUBECONFIG). Stops what it started on failure."""
+    until vLLM serves. ``extra_env``: what the runtime adds to both containers (credentials);
+    ``publisher_kubeconfig``: the publisher's API credentials (its ServiceAccount's token, which a kubelet would
+    project into the pod), put into the pod's own /tmp. Stops what it started on failure."""
     spec, configmaps, _ = rendered_pod(p)
+    publisher_env = {}
+    if publisher_kubeconfig is not None:
+        (work / "tmp").mkdir(parents=True, exist_ok=True)
+        (work / "tmp" / "publisher-kubeconfig").write_text(_self_contained(publisher_kubeconfig))
+        publisher_env["KUBECONFIG"] = "/tmp/publisher-kubeconfig"
     port = p.serving.port
     env = {**node.runtime_env, **(extra_env or {})}
     common = dict(node_root=node.root, work=work, configmaps=configmaps, node_name=node.name,
@@ -160,7 +173,7 @@ def serve(node: Node, p, work: Path, *, extra_env: dict[str, str] | None = None,
             if signing_dir is None:
                 raise ValueError("the profile renders a publisher: give signing_dir (its signing-key Secret)")
             publisher = podrun.start(spec, "nodewarm-publish", volumes={"signing-key": signing_dir},
-                                     extra_env={**env, **(publisher_env or {})}, **common)
+                                     extra_env={**env, **publisher_env}, **common)
         base = f"http://127.0.0.1:{port}"
         ready = vllmclient.wait_ready(base, timeout=ready_timeout, alive=lambda: vllm.proc.poll() is None,
                                       log_tail=vllm.text)
