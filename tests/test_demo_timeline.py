@@ -77,9 +77,12 @@ def test_the_legend_names_every_phase_in_words_and_the_baseline_as_its_own_bars(
     # Words, not the timeline's keys (weights_done, pod_bound, ...).
     assert not [x for x in labels if "_" in x]
     base = [x for x in labels if x.startswith("no-warm baseline: ")]
-    assert base == [label for label, _ in BASELINE_SPANS] and len(base) == 3
+    assert base == [label for label, _ in BASELINE_SPANS] and len(base) == 5
     assert labels == [label for label, _, _ in SPANS] + base
+    # Both engines' baselines: real vLLM streaming from S3 and compiling cold, or the probe's pull + compile.
+    assert "no-warm baseline: vLLM boot, streaming from S3, cold compile" in base
     assert "no-warm baseline: pull weights from S3 in the pod" in base
+    assert {"engine boot (vLLM)", "first completion"} <= set(labels)
 
 
 def test_the_png_draws_the_baseline_as_its_own_row_from_its_measured_parts(tmp_path, monkeypatch):
@@ -219,3 +222,24 @@ def test_log_json_keeps_the_json_logs_on_stderr(capsys):
         raw('{"event": "agent.done", "node": "a"}')
     err = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
     assert [d["event"] for d in err] == ["demo.step", "agent.done"]
+
+
+def test_a_real_vllm_node_serves_at_its_first_completion_after_the_engine_booted(tmp_path):
+    nodes = [node("a", launched=0.0, registered=1.0, weights_started=1.2, weights_done=3.0, warm_reported=3.2,
+                  taint_lifted=3.5, pod_bound=4.0, engine_ready=40.0, first_completion=40.5)]
+    assert nodes[0].order_violations() == []
+    lines = table(nodes).splitlines()
+    head = re.split(r"\s{2,}", lines[0])
+    assert head[-3:] == ["engine boot (vLLM)", "first completion", "registered -> first completion"]
+    assert re.split(r"\s{2,}", lines[1])[-3:] == ["36.0s", "0.5s", "39.5s"]
+    # The engine's moments are ordered too: a completion before the engine was ready is a violation.
+    bad = node("b", registered=1.0, pod_bound=4.0, engine_ready=40.0, first_completion=39.0)
+    assert bad.order_violations()
+    # The live table's clock stops at the first completion.
+    s = live.NodeState("a", times={"registered": 1.0, "pod_bound": 4.0, "engine_ready": 40.0,
+                                   "first_completion": 40.5}, first_call_s=36.5, cache_hit=True)
+    assert live.elapsed(s, now=99.0) == "39.5s" and live.phase(s) == "serving (cache hit)"
+    # The chart draws the vLLM baseline's parts from the first registration.
+    write_png(nodes, tmp_path / "v.png", baseline={"scheduler_wait_s": 1.0, "engine_boot_s": 80.0,
+                                                   "first_completion_s": 0.5})
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -46,7 +46,7 @@ def phase(s: NodeState) -> str:
         return f"failed: {s.failed}"
     if s.first_call_s is not None:
         return "serving" + (" (cache hit)" if s.cache_hit else " (cache miss)" if s.cache_hit is False else "")
-    steps = (("pod_bound", "pod bound, first compiled call"), ("taint_lifted", "taint lifted, wait for scheduler"),
+    steps = (("engine_ready", "vLLM ready, first completion"), ("pod_bound", "pod bound, serving starts"), ("taint_lifted", "taint lifted, wait for scheduler"),
              ("warm_reported", "Warm reported, lift taint"), ("weights_done", "weights verified, report Warm"),
              ("weights_started", "pull weights"), ("agent_started", "agent starting"),
              ("registered", "registered, tainted"), ("launched", "launched"))
@@ -67,7 +67,8 @@ def elapsed(s: NodeState, now: float) -> str:
     start = s.times.get("registered")
     if start is None:
         return "-"
-    end = s.times.get("serving") if s.first_call_s is not None and "serving" in s.times else now
+    served = s.times.get("first_completion", s.times.get("serving"))
+    end = served if s.first_call_s is not None and served is not None else now
     return f"{max(end - start, 0.0):.1f}s"
 
 

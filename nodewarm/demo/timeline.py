@@ -13,16 +13,20 @@ from pathlib import Path
 # Every moment the demo records; the node agent's phases run at once, so only some are ordered.
 PHASES = ("launched", "registered", "weights_started", "compile_cache_started", "image_prepull_started",
           "first_byte", "image_prepull_done", "compile_cache_restored", "weights_done", "warm_reported",
-          "taint_lifted", "pod_bound", "serving")
+          "taint_lifted", "pod_bound", "engine_ready", "first_completion", "serving")
 # What must happen in this order on a warm node; each agent phase must also end before Warm is reported.
-ORDER = ("launched", "registered", "warm_reported", "taint_lifted", "pod_bound", "serving")
+# With real vLLM a node serves at first_completion (its engine_ready before); with the probe at serving.
+ORDER = ("launched", "registered", "warm_reported", "taint_lifted", "pod_bound", "engine_ready", "first_completion",
+         "serving")
+SERVED = ("first_completion", "serving")
 BEFORE_WARM = ("weights_done", "compile_cache_restored", "image_prepull_done")
 LABELS = {
     "launched": "launched", "registered": "registered", "weights_started": "pull started",
     "compile_cache_started": "restore started", "image_prepull_started": "image wait started",
     "first_byte": "first byte", "image_prepull_done": "image pulled", "compile_cache_restored": "cache restored",
     "weights_done": "weights done", "warm_reported": "Warm=True", "taint_lifted": "taint lifted",
-    "pod_bound": "pod bound", "serving": "first compiled call",
+    "pod_bound": "pod bound", "engine_ready": "vLLM ready", "first_completion": "first completion",
+    "serving": "first compiled call",
 }
 # The bars of the chart, named in words: (label, from, to). The agent's three overlap by design.
 SPANS = (
@@ -32,13 +36,20 @@ SPANS = (
     ("wait for serving image", "image_prepull_started", "image_prepull_done"),
     ("report Warm, lift taint", "weights_done", "taint_lifted"),
     ("wait for scheduler", "taint_lifted", "pod_bound"),
-    # The demo's pod loads nothing (a pause container): this is the first torch.compile call alone, against the
-    # restored cache. The baseline's pod pays its own weight pull as a bar of its own.
+    # Real vLLM: the pod's start to /health answering (load from NVMe, compile or load the compiled artifacts,
+    # KV cache, warm-up), then the first /v1/completions answered.
+    ("engine boot (vLLM)", "pod_bound", "engine_ready"),
+    ("first completion", "engine_ready", "first_completion"),
+    # The probe engine's pod loads nothing (a pause container): this is the first torch.compile call alone, against
+    # the restored cache. The baseline's pod pays its own weight pull as a bar of its own.
     ("first compiled call", "pod_bound", "serving"),
 )
-# The no-warm baseline's bars, in order from its nodes' registration: its own row, its own colours.
+# The no-warm baseline's bars, in order from its nodes' registration: its own row, its own colours. Each is drawn
+# when the baseline has it (the vLLM engine's or the probe's).
 BASELINE_SPANS = (
     ("no-warm baseline: wait for scheduler", "scheduler_wait_s"),
+    ("no-warm baseline: vLLM boot, streaming from S3, cold compile", "engine_boot_s"),
+    ("no-warm baseline: first completion", "first_completion_s"),
     ("no-warm baseline: pull weights from S3 in the pod", "pull_from_s3_s"),
     ("no-warm baseline: cold compile, first call", "cold_compile_first_call_s"),
 )
@@ -96,9 +107,10 @@ def table(nodes: list[NodeTimeline]) -> str:
     """One row per node: how long each bar of the chart took (the agent's three overlap)."""
     _, rel = relative(nodes)
     cols = [(label, a, b) for label, a, b in SPANS if any(a in r and b in r for r in rel.values())]
-    head = ["node"] + [label for label, _, _ in cols] + ["registered -> first compiled call"]
+    end = next((p for p in SERVED if any(p in r for r in rel.values())), "serving")
+    head = ["node"] + [label for label, _, _ in cols] + [f"registered -> {LABELS[end]}"]
     rows = [[n] + [f"{r[b] - r[a]:.1f}s" if a in r and b in r else "-" for _, a, b in cols]
-            + [f"{r['serving'] - r['registered']:.1f}s" if "serving" in r and "registered" in r else "-"]
+            + [f"{r[end] - r['registered']:.1f}s" if end in r and "registered" in r else "-"]
             for n, r in rel.items()]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -122,7 +134,7 @@ def write_png(nodes: list[NodeTimeline], path: Path, baseline: dict | None = Non
     from matplotlib.patches import Patch
 
     _, rel = relative(nodes)
-    colours = plt.get_cmap("tab10")
+    colours = plt.get_cmap("tab20" if len(legend_labels()) > 10 else "tab10")   # one colour per bar
     rows: list[tuple[str, list[tuple[int, float, float]]]] = []
     for name, r in rel.items():
         bars = [(i, r[a], r[b]) for i, (_, a, b) in enumerate(SPANS) if a in r and b in r]
@@ -131,7 +143,9 @@ def write_png(nodes: list[NodeTimeline], path: Path, baseline: dict | None = Non
         start = min(r["registered"] for r in rel.values() if "registered" in r)
         bars = []
         for i, (_, key) in enumerate(BASELINE_SPANS):
-            length = float(baseline.get(key) or 0.0)
+            if key not in baseline:
+                continue
+            length = float(baseline[key] or 0.0)
             bars.append((len(SPANS) + i, start, start + length))
             start += length
         rows.append(("no-warm baseline", bars))
@@ -150,8 +164,9 @@ def write_png(nodes: list[NodeTimeline], path: Path, baseline: dict | None = Non
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first launch")
     ax.set_title("nodewarm: scale-up timeline per node, against the no-warm baseline")
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize="small")
+    # Beside the chart, not under it: under it, the legend's rows grow over the axis label as phases are added.
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
