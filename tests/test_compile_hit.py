@@ -89,6 +89,30 @@ def test_snapshot_reads_vllm_and_inductor_layouts(tmp_path):
                               "inductor/fxgraph/cd/fk2/e", "inductor/cx/ck.so"}
 
 
+def test_a_restored_artifact_written_again_under_its_name_is_a_miss(tmp_path):
+    """vLLM 0.32 on CPU fails to load its restored AOT ``model`` file, compiles, and saves the file anew under the
+    same name: no new name appears, so only the write itself shows the miss."""
+    model = tmp_path / "vllm" / "torch_aot_compile" / HASH / "rank_0_0" / "model"
+    kernel = tmp_path / "inductor" / "cx" / "ck.so"
+    for f in (model, kernel):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"restored")
+        os.utime(f, ns=(1, 1))          # as restored; serving writes "now"
+    roots = {"vllm": tmp_path / "vllm", "inductor": tmp_path / "inductor"}
+    baseline = hitcheck.TreeSnapshot.from_dict(hitcheck.snapshot(roots).to_dict())   # through the baseline file
+    assert hitcheck.judge(baseline, hitcheck.snapshot(roots), restored=True, served=True).status == "hit"
+    model.write_bytes(b"compiled again")
+    r = hitcheck.judge(baseline, hitcheck.snapshot(roots), restored=True, served=True)
+    assert (r.status, r.reason) == ("miss", "VllmRecompiled") and "rank_0_0/model" in r.message
+    os.utime(model, ns=(1, 1))
+    kernel.write_bytes(b"rebuilt")
+    r = hitcheck.judge(baseline, hitcheck.snapshot(roots), restored=True, served=True)
+    assert (r.status, r.reason) == ("miss", "InductorRecompiled")
+    # A baseline from an agent that records no write times still sees new files, never a rewrite.
+    old = hitcheck.TreeSnapshot.from_dict({k: v for k, v in baseline.to_dict().items() if k != "written"})
+    assert hitcheck.judge(old, hitcheck.snapshot(roots), restored=True, served=True).status == "hit"
+
+
 # --- real torch.compile ------------------------------------------------------------------------------
 
 def node_roots(node: Path) -> dict[str, Path]:

@@ -5,6 +5,8 @@ env var we did not key on), compiles for a minute, and nobody notices. So after 
 compare the cache trees with the snapshot taken right after the restore and read vLLM's log:
 
 * a new vLLM hash dir           -> miss (vLLM keyed the run differently from the bundle)
+* a restored vLLM artifact written again -> miss (vLLM could not load it and compiled: e.g. its AOT ``model``
+  file, which vLLM 0.32 on CPU fails to load and then saves anew under the same name)
 * new FX graphs or kernels      -> miss (Inductor recompiled)
 * only a new precompiled header -> miss (graphs hit, but ~5 s of gcc on CPU)
 * vLLM log says it compiled     -> miss
@@ -40,18 +42,28 @@ _LOG_HASH = re.compile(r"torch_compile_cache/(?:torch_aot_compile/([0-9a-f]{64})
 
 @dataclass(frozen=True)
 class TreeSnapshot:
-    """What compiled output is on disk: vLLM hash dirs, FX graph keys, compiled artifacts."""
+    """What compiled output is on disk: vLLM hash dirs, FX graph keys, compiled artifacts (and when each was last
+    written: a file compiled again under the same name is a different file)."""
 
     hash_dirs: frozenset[str] = frozenset()
     graphs: frozenset[str] = frozenset()
     artifacts: frozenset[str] = frozenset()
+    written: Mapping[str, int] = field(default_factory=dict, compare=False)   # artifact -> st_mtime_ns
 
-    def to_dict(self) -> dict[str, list[str]]:
-        return {"hash_dirs": sorted(self.hash_dirs), "graphs": sorted(self.graphs), "artifacts": sorted(self.artifacts)}
+    def to_dict(self) -> dict[str, Any]:
+        return {"hash_dirs": sorted(self.hash_dirs), "graphs": sorted(self.graphs), "artifacts": sorted(self.artifacts),
+                "written": dict(sorted(self.written.items()))}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TreeSnapshot":
-        return cls(frozenset(d.get("hash_dirs", ())), frozenset(d.get("graphs", ())), frozenset(d.get("artifacts", ())))
+        # "written" is absent from an older agent's baseline: rewrites are then not seen, new files still are.
+        return cls(frozenset(d.get("hash_dirs", ())), frozenset(d.get("graphs", ())), frozenset(d.get("artifacts", ())),
+                   {str(k): int(v) for k, v in (d.get("written") or {}).items()})
+
+    def rewritten(self, baseline: "TreeSnapshot") -> frozenset[str]:
+        """Artifacts present in both whose file was written again since ``baseline``."""
+        return frozenset(a for a in self.artifacts & baseline.artifacts
+                         if a in self.written and a in baseline.written and self.written[a] != baseline.written[a])
 
 
 @dataclass(frozen=True)
@@ -102,7 +114,7 @@ def _classify(root: str, rel: tuple[str, ...]) -> tuple[str | None, str | None, 
 
 def snapshot(roots: Mapping[str, Path]) -> TreeSnapshot:
     """Scan the cache roots (name -> dir, as in bundle.CacheDirs.roots()); missing roots are empty."""
-    hash_dirs, graphs, artifacts = set(), set(), set()
+    hash_dirs, graphs, artifacts, written = set(), set(), set(), {}
     for root, path in roots.items():
         path = Path(path)
         for dirpath, _dirs, files in os.walk(path):
@@ -114,8 +126,13 @@ def snapshot(roots: Mapping[str, Path]) -> TreeSnapshot:
                 if g:
                     graphs.add(g)
                 if a:
-                    artifacts.add(f"{root}/" + "/".join(rel))
-    return TreeSnapshot(frozenset(hash_dirs), frozenset(graphs), frozenset(artifacts))
+                    name = f"{root}/" + "/".join(rel)
+                    artifacts.add(name)
+                    try:
+                        written[name] = os.stat(os.path.join(dirpath, f), follow_symlinks=False).st_mtime_ns
+                    except OSError:     # removed while we walked: still listed, never "rewritten"
+                        pass
+    return TreeSnapshot(frozenset(hash_dirs), frozenset(graphs), frozenset(artifacts), written)
 
 
 def scan_log(text: str) -> LogEvidence:
@@ -141,10 +158,11 @@ def judge(baseline: TreeSnapshot, current: TreeSnapshot, *, restored: bool,
     new_hash = tuple(sorted(current.hash_dirs - baseline.hash_dirs))
     new_graphs = tuple(sorted(current.graphs - baseline.graphs))
     new_artifacts = current.artifacts - baseline.artifacts
+    rewritten = current.rewritten(baseline)
     fx_hits = sum(v for k, v in counters.items() if k.endswith("fxgraph_cache_hit"))
     fx_misses = sum(v for k, v in counters.items() if k.endswith("fxgraph_cache_miss"))
     evidence = [f"new hash dirs: {len(new_hash)}", f"new FX graphs: {len(new_graphs)}",
-                f"new compiled artifacts: {len(new_artifacts)}"]
+                f"new compiled artifacts: {len(new_artifacts)}", f"rewritten compiled artifacts: {len(rewritten)}"]
     if log != LogEvidence():
         evidence.append(f"vLLM log: loaded={log.loaded} compiled={log.compiled} aot_load_failed={log.aot_failed}")
     if counters:
@@ -152,19 +170,25 @@ def judge(baseline: TreeSnapshot, current: TreeSnapshot, *, restored: bool,
     common = dict(new_hash_dirs=new_hash, new_graphs=new_graphs, new_artifacts=len(new_artifacts),
                   evidence=tuple(evidence))
 
-    if not restored and (new_hash or new_graphs or new_artifacts or log.compiled or fx_misses):
+    if not restored and (new_hash or new_graphs or new_artifacts or rewritten or log.compiled or fx_misses):
         return HitResult("miss", "ColdCompile", "no compile cache was restored, so serving compiled from scratch",
                          **common)
     if new_hash:
         had = _short(baseline.hash_dirs) or "none"
         return HitResult("miss", "NewHashDir", f"vLLM compiled into new cache dir(s) {_short(new_hash)}; the bundle "
                          f"has {had}: a vLLM flag or env var differs from the bundle's and is not in its key", **common)
-    if new_artifacts and all(a.startswith("pch/") for a in new_artifacts) and not (new_graphs or fx_misses):
+    vllm_rewritten = sorted(a for a in rewritten if a.startswith("vllm/"))
+    if vllm_rewritten:
+        return HitResult("miss", "VllmRecompiled", f"vLLM wrote its restored compiled artifact(s) again "
+                         f"({_short(vllm_rewritten)}): it could not load them and compiled (vLLM's log says why, e.g. "
+                         "'Compiling model again due to a load failure')", **common)
+    if new_artifacts and all(a.startswith("pch/") for a in new_artifacts) and not (new_graphs or fx_misses or rewritten):
         return HitResult("miss", "HeaderRebuilt", "graphs and kernels came from the cache, but Inductor rebuilt "
                          "its precompiled C++ header (~5 s on CPU): restore the pch root too "
                          "($TMPDIR/torchinductor_$USER/precompiled_headers of the serving process)", **common)
-    if new_graphs or new_artifacts or fx_misses:
-        what = f"{len(new_graphs)} new FX graph(s)" if new_graphs else f"{len(new_artifacts)} new compiled artifact(s)"
+    if new_graphs or new_artifacts or rewritten or fx_misses:
+        what = (f"{len(new_graphs)} new FX graph(s)" if new_graphs else
+                f"{len(new_artifacts | rewritten)} new or rewritten compiled artifact(s)")
         if fx_misses and not (new_graphs or new_artifacts):
             what = f"{fx_misses} FX graph cache miss(es)"
         return HitResult("miss", "InductorRecompiled", f"Inductor compiled again ({what}) although the bundle was "
