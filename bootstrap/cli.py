@@ -28,7 +28,8 @@ What it does, in order:
      On EBS or the root disk (Karpenter's silent fallback) it fails with NotInstanceStore, unless
      --allow-non-nvme (then the summary's storage.instance_store is false).
   2. Lists s3://BUCKET/PREFIX/ (every object; .bin/.pt/... copies are skipped when *.safetensors
-     exist) and HEADs each object for ETag, VersionId and S3 checksums.
+     exist) and HEADs each object for ETag, VersionId and S3 checksums; an object's GETs (step 5)
+     start as soon as its own HEAD is back.
   3. Plans against DEST/.nodewarm/manifest.json from earlier runs: unchanged files are not
      transferred; an object replaced at the same key (new ETag/VersionId) is fetched again; files of
      objects gone from S3, or of another model URI, and their partial downloads are deleted (never
