@@ -99,6 +99,8 @@ def test_demo_with_real_vllm_serves_tokens_from_the_warm_node_and_the_baseline_s
     assert (run["start_path"], run["streamed_from_s3"], run["vllm_compile"]) == ("s3", True, "compiled")
     assert base["registered_to_serving_s"] > base["engine_boot_s"] > 0
     assert f"registration to first completion answered: {base['ratio']:.2f}" in text
+    # vLLM's own init-engine figures of both sides are printed beside the ratio.
+    assert f"ratio {base['init_engine_ratio']:.2f}" in text
     assert "Ordering: OK" in text and "\x1b" not in text
     doc = json.loads((tmp_path / "out" / "timeline.json").read_text())
     assert {"engine_ready", "first_completion"} <= set(doc["nodes"]["demo-node-0"]["seconds"])

@@ -17,10 +17,11 @@ a tiny Llama made locally), with the node's NVMe folder and restored compile cac
 paths, and its publisher sidecar judging the compile-cache hit. The seed bundle is what a first node
 ("node A") compiled and published. The no-warm baseline runs the same container on nodes no agent
 warmed: vLLM streams the model from S3 (Run:ai streamer) and compiles cold. Both are timed from
-registration to the first completion answered, in the same run. About 5 minutes with --nodes 1; each
-further node adds a warm and a cold vLLM boot (they run one at a time: two cores here). --engine probe
-stands a first torch.compile call in for vLLM (a pause container as the pod): quicker, no vLLM needed,
-with --model-mb sizing a model-like safetensors set.
+registration to the first completion answered, in the same run. Three vLLM boots (node A, the warm node,
+the baseline): 12-14 minutes with --nodes 1 on a 2-core machine shared with other work, most of it vLLM's
+own start; each further node adds a warm and a cold boot (they run one at a time). --engine probe stands a
+first torch.compile call in for vLLM (a pause container as the pod): about 2 minutes, no vLLM needed, with
+--model-mb sizing a model-like safetensors set.
 
 What it prints is for a person: the steps, and while the nodes warm a table per node (phase, weights
 progress, compile cache, seconds since the node registered), redrawn in place on a terminal and printed as

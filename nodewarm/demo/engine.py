@@ -98,10 +98,11 @@ def group_rss(pgids: set[int]) -> int:
 
 
 class RssPeak:
-    """Samples a pod's resident memory twice a second until stopped; ``peak`` in bytes."""
+    """Samples a pod's resident memory twice a second until stopped (``peak``, bytes), and the machine's 1-minute
+    load average (``load``, the mean): on a shared machine the second says how far the timings are its own."""
 
     def __init__(self, pgids: set[int]):
-        self.pgids, self.peak = pgids, 0
+        self.pgids, self.peak, self._loads = pgids, 0, [os.getloadavg()[0]]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rss-peak")
         self._thread.start()
@@ -109,6 +110,11 @@ class RssPeak:
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             self.peak = max(self.peak, group_rss(self.pgids))
+            self._loads.append(os.getloadavg()[0])
+
+    @property
+    def load(self) -> float:
+        return round(sum(self._loads) / len(self._loads), 2)
 
     def stop(self) -> int:
         self._stop.set()
@@ -138,6 +144,7 @@ class Served:
     evidence: Evidence
     peak_rss_bytes: int
     log: Path
+    load_avg: float                   # the machine's mean 1-minute load average while the pod ran (2 cores here)
     publisher: dict | None = None     # its verdict line ({"event": "compilecache.served", ...}) when it runs
     published: dict | None = None     # its publish line, when it published or found the key published
 
@@ -226,10 +233,10 @@ def serve(pod: dict, env: PodEnv, port: int, model: str, *, with_publisher: bool
         peak = rss.stop()
     ev = evidence(engine.text())
     served = Served(meta["name"], spec["nodeName"], started, ready, done, answer["choices"][0]["text"], ev, peak,
-                    engine.log, verdict, published)
+                    engine.log, rss.load, verdict, published)
     log.info("demo.engine.served", pod=meta["name"], node=spec["nodeName"], boot_s=round(served.boot_s, 3),
              first_completion_s=round(served.first_completion_s, 3), vllm_compile=ev.verdict(),
-             evidence=ev.to_dict(), peak_rss_mb=round(peak / 1e6), publisher=verdict)
+             evidence=ev.to_dict(), peak_rss_mb=round(peak / 1e6), load_avg=served.load_avg, publisher=verdict)
     return served
 
 
