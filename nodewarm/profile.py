@@ -429,7 +429,12 @@ def pipeline_parallel_size(p: WarmProfile) -> int:
 
 
 def gpu_memory_utilization(p: WarmProfile) -> float:
-    v = _serving(p).engine.get("gpu-memory-utilization")
+    # From the checked extraArgs, not the key's engine settings: vLLM's compile hash leaves the fraction out, so
+    # the key does too, but the fit check needs it.
+    from .nodeclasses.servingspec import checked_extra_args
+
+    given = [a.value for a in checked_extra_args(p) if a.name == "gpu-memory-utilization"]
+    v = given[-1] if given else None
     try:
         u = float(v) if v is not None else VLLM_GPU_MEMORY_UTILIZATION
     except ValueError:
