@@ -69,7 +69,7 @@ BOOTSTRAP_TIMEOUT_S = 900
 
 @dataclass(frozen=True)
 class DemoOptions:
-    nodes: int = 3
+    nodes: int = 1                    # cli.py: 1 with vllm (each node adds two vLLM boots), 3 with the probe
     model_mb: int = 1024
     workdir: Path | None = None
     out_dir: Path = Path("out/demo")
@@ -454,6 +454,8 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     ``out`` gets what a person reads: step messages and, while the nodes warm, a live table (redrawn in place
     on a terminal, plain lines otherwise). The JSON logs (the demo's, the controller's, each node agent's) go
     to ``opts.log_path``, named first, or to stderr with ``opts.log_json``."""
+    if opts.engine not in ENGINES:
+        raise ValueError(f"DemoOptions.engine {opts.engine!r}: one of {', '.join(ENGINES)}")
     names = tuple(f"demo-node-{i}" for i in range(opts.nodes))
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
     # With the JSON logs on stderr (the same terminal, most likely), a table redrawn in place would be torn apart.
