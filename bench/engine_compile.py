@@ -33,10 +33,9 @@ from pathlib import Path
 
 from nodewarm import profile
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, signing
-from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
-from nodewarm.nodeclasses.podlayout import cache_dirs
 from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm.testenv import enginenode, podrun, s3server, vllmclient
 from nodewarm.testenv.ports import free_port
 
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
             runtime_env = {**enginenode.CPU_RUNTIME_ENV, **enginenode.EVIDENCE_ENV}
             if args.vllm_aot:
-                runtime_env["VLLM_USE_AOT_COMPILE"] = "1"
+                runtime_env[AOT_COMPILE_ENV] = "1"
             a = enginenode.Node("node-a", tmp / "node-a", dict(runtime_env))
             warm_a = a.warm(doc)
             report = {"A": {"restore": warm_a.cache.reason, **_boot(a, p, tmp / "work-a")}}
@@ -116,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
             probe, env = _serving_runtime(p, runtime_env)
             factors = cachekey.build_factors(probe, hardware.probe(env=env), serving_spec(p), env)
-            d = cache_dirs(a.compile_cache(p))
-            roots = CacheDirs(Path(d["vllm"]), Path(d["inductor"]), Path(d["triton"]), Path(d["pch"])).roots()
-            put = publish.publish_once(CacheStore(parse_uri(p.compile_cache.uri)), roots, factors,
+            put = publish.publish_once(CacheStore(parse_uri(p.compile_cache.uri)), a.cache_roots(p), factors,
                                        signing.load_private(tmp / "signing.pem"), {"node": a.name}, runtime=probe)
             report["publish"] = {"status": put.status, "bytes": put.size, "files": put.files}
 
@@ -127,9 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             report["B"] = {"restore": warm_b.cache.reason, "restoreSeconds": round(warm_b.cache.seconds, 2),
                            **_boot(b, p, tmp / "work-b")}
             # The publisher sidecar's verdict on B: its judge, on B's cache dirs against the agent's baseline.
-            d = cache_dirs(b.compile_cache(p))
-            roots_b = CacheDirs(Path(d["vllm"]), Path(d["inductor"]), Path(d["triton"]), Path(d["pch"])).roots()
-            verdict = hitcheck.judge(warm_b.cache.baseline, hitcheck.snapshot(roots_b), restored=True, served=True)
+            verdict = hitcheck.judge(warm_b.cache.baseline, hitcheck.snapshot(b.cache_roots(p)), restored=True,
+                                     served=True)
             report["B"]["publisherVerdict"] = f"{verdict.status} ({verdict.reason})"
         finally:
             server.stop()

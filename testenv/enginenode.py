@@ -93,6 +93,16 @@ class Node:
         """The host side of the pod's /compile-cache hostPath."""
         return self.host(p.compile_cache_dir)
 
+    def cache_roots(self, p) -> dict[str, Path]:
+        """The host side of the pod's compile-cache dirs, named as the agent and the publisher name its roots
+        (``CacheDirs.roots()``): what a snapshot or a bundle of this node covers."""
+        from nodewarm.bootstrap.compilecache.bundle import CacheDirs
+        from nodewarm.nodeclasses.podlayout import cache_dirs
+
+        d = cache_dirs(self.compile_cache(p))
+        return CacheDirs(vllm_root=Path(d["vllm"]), inductor=Path(d["inductor"]), triton=Path(d["triton"]),
+                         pch=Path(d["pch"])).roots()
+
     def warm(self, doc: dict, node_labels: dict[str, str] | None = None):
         """This node's agent, once, as the DaemonSet/host agent runs it for the profile document ``doc``:
         weights from S3 into the node's copy, then the compile-cache restore and its baseline."""

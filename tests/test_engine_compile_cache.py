@@ -25,13 +25,13 @@ from kubernetes import config as kubeconfig
 
 from nodewarm import profile
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, runtimedesc, signing
-from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key, parse_uri, stale_key
 from nodewarm.controller.kube import NODES
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses.labels import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
 from nodewarm.nodeclasses.podlayout import cache_dirs
 from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm.testenv import enginenode, vllmclient
 from nodewarm.testenv.ports import free_port
 from profiles import variant
@@ -111,7 +111,7 @@ def _serve_on_new_node(world: World, doc: dict, label: str) -> Served:
     try:
         warm = node.warm(doc)
         assert warm.warm, warm.message
-        roots = CacheDirs(**{r: Path(v) for r, v in _host_dirs(node, p).items()}).roots()
+        roots = node.cache_roots(p)
         before = hitcheck.snapshot(roots)
         served = enginenode.serve(node, p, world.tmp / f"work-{label}", extra_env=world.env,
                                   publisher_kubeconfig=world.publisher_kubeconfig, signing_dir=world.signing_dir)
@@ -126,12 +126,6 @@ def _serve_on_new_node(world: World, doc: dict, label: str) -> Served:
                       hitcheck.snapshot(roots), completion)
     finally:
         world.k.delete(NODES, name)
-
-
-def _host_dirs(node: enginenode.Node, p) -> dict[str, str]:
-    """The host side of the pod's cache dirs on this node, as the agent and publisher name its roots."""
-    d = cache_dirs(node.compile_cache(p))
-    return {"vllm_root": d["vllm"], "inductor": d["inductor"], "triton": d["triton"], "pch": d["pch"]}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +148,7 @@ def node_c(world, node_a, node_b) -> Served:
     key = signing.load_private(world.signing_dir / "signing.pem")
     probe, env = runtimedesc.read(world.store, IMAGE, key.public_key())      # what A's publisher wrote
     factors = cachekey.build_factors(probe, hardware.probe(env=env), serving_spec(p), env)
-    roots = CacheDirs(**{r: Path(v) for r, v in _host_dirs(node_a.node, node_a.p).items()}).roots()
+    roots = node_a.node.cache_roots(node_a.p)
     put = publish.publish_once(world.store, roots, factors, key, {"node": "forced-miss"})
     assert put.status == "published", put.message
     return _serve_on_new_node(world, doc, "c")
@@ -178,7 +172,7 @@ def test_node_a_compiles_into_the_rendered_host_dirs_and_publishes_a_signed_bund
     manifest = cachekey.BundleManifest.from_dict(signing.open_envelope(world.store.get_small(env_key),
                                                                         key.public_key()))
     assert set(manifest.graphs) == set(ev.fx_misses) and "inductor" in manifest.roots
-    assert env.get("VLLM_USE_AOT_COMPILE") == "0"                 # the rendered setting, in the key
+    assert env.get(AOT_COMPILE_ENV) == "0"                 # the rendered setting, in the key
 
 
 def test_node_b_restores_through_the_agent_and_vllm_loads_without_compiling(node_a, node_b):

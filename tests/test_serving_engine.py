@@ -34,7 +34,7 @@ from nodewarm import instancetypes, profile
 from nodewarm.nodeclasses import servestart
 from nodewarm.nodeclasses.podlayout import model_path
 from nodewarm.nodeclasses.render import render
-from nodewarm.testenv import podrun, vllmclient
+from nodewarm.testenv import enginenode, podrun, vllmclient
 from nodewarm.testenv.ports import free_port
 from profiles import v
 
@@ -43,8 +43,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.s3, pytest.mark.slow]
 BUCKET = "serving-engine"
 URI = f"s3://{BUCKET}/tiny/"
 NAME = "tiny"
-# This CPU node's runtime: a 1 GiB KV cache, no OpenMP thread pinning (the machine's cores are shared).
-CPU_NODE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# This CPU node's runtime (a 1 GiB KV cache, no OpenMP thread pinning): enginenode's, as every engine test's.
+CPU_NODE_ENV = enginenode.CPU_RUNTIME_ENV
 BOOT_TIMEOUT_S = 600
 PUBLISHER = dict(spec__compileCache__verifyKey="A" * 43 + "=", spec__aws__identity="podIdentity",
                  spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:0.32.0",
