@@ -30,7 +30,6 @@ EVIDENCE_ENV = {"TORCH_LOGS": "torch._inductor.codecache"}
 _FX_HIT = re.compile(r"fx graph cache hit for key (\w+)")
 _FX_MISS = re.compile(r"fx graph cache miss for key (\w+)")
 _INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
-_AOT_FAIL = re.compile(r"Compiling model again due to a load failure")
 _PUBLISHER_DONE = re.compile(r"^(hit|miss|cold|None): (\w+): ", re.M)
 
 
@@ -53,9 +52,12 @@ class EngineEvidence:
 
 
 def evidence(log_text: str) -> EngineEvidence:
+    """AOT load failures are counted in vLLM's words as the publisher's judge knows them (hitcheck.scan_log)."""
+    from nodewarm.bootstrap.compilecache import hitcheck
+
     init = _INIT.findall(log_text)
     return EngineEvidence(tuple(_FX_HIT.findall(log_text)), tuple(_FX_MISS.findall(log_text)),
-                          len(_AOT_FAIL.findall(log_text)), float(init[-1]) if init else None)
+                          hitcheck.scan_log(log_text).aot_failed, float(init[-1]) if init else None)
 
 
 def make_model(dest: Path, **kw) -> Path:
