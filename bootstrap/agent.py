@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.errors import NodewarmError
@@ -34,11 +35,14 @@ from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
 from . import launchrecord
-from .compilecache import bundle, cachekey, hitcheck, restore
+from .compilecache import bundle, cachekey
 from .gpuwait import GPU_WAIT_S
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 from .weights import progress as weights_progress
 from .weights.loadcheck import StreamerTuning
+
+if TYPE_CHECKING:
+    from .compilecache import restore
 
 log = logs.get("bootstrap.agent")
 
@@ -46,6 +50,10 @@ RESULT_FILE = "agent-result.json"
 # How often, at most, the agent writes its in-flight progress on its Node (LiveProgress): one small status patch
 # per warming node per 30 s (a 1,000-node scale-up: ~33 writes/s while they pull), none when nothing changed.
 PROGRESS_REPORT_S = 30.0
+# The compile-cache phase starts once the weights' first GET is out (or their phase ended), at the latest this
+# long after the agent's start: its botocore client, signature imports and restore compete for the GIL with
+# the pull's own start-up (~0.1-0.3 CPU-s here), while the restore has the whole download to finish in.
+CACHE_HEAD_START_MAX_S = 5.0
 
 
 class LiveProgress:
@@ -233,24 +241,43 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
                            f"{' '.join(str(e).split())}", timeline=timeline)
 
 
-def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None) -> WeightsSummary:
+def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None,
+             first_get: threading.Event | None = None) -> WeightsSummary:
+    """``first_get`` is set once the pull's first GET is out, or when this phase ends without one."""
     timeline["weights_started"] = _stamp()
+
+    def heard(phase: str, snap) -> None:
+        if first_get is not None and phase == "download":
+            first_get.set()
+        if live is not None:
+            live.on_progress(phase, snap)
+
     try:
         # The pull makes its Progress in this thread: the listener set here is the one it calls.
-        with weights_progress.listening(live.on_progress if live is not None else None):
+        with weights_progress.listening(heard):
             summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
                                                  load_check=cfg.load_check, streamer=cfg.streamer))
     except NodewarmError:
         timeline["weights_failed"] = _stamp()
         raise
+    finally:
+        if first_get is not None:
+            first_get.set()
     if summary.first_byte_at is not None:
         timeline["first_byte"] = _stamp(summary.first_byte_at)
     timeline["weights_done"] = _stamp()
     return summary
 
 
-def _compile_cache(cfg: AgentConfig, timeline: dict[str, str]) -> restore.RestoreResult:
+def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
+                   after: threading.Event | None = None) -> restore.RestoreResult:
+    """Restore this node's bundle; with ``after``, once it is set (or CACHE_HEAD_START_MAX_S passed)."""
+    if after is not None:
+        after.wait(CACHE_HEAD_START_MAX_S)
+    # Imported here, not with this module: the signature checks (cryptography) cost ~0.1 s the pull never needs.
+    from .compilecache import hitcheck, restore
+
     timeline["compile_cache_started"] = _stamp()
     if not cfg.verify_key:
         cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
@@ -284,9 +311,10 @@ def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
 def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None,
           live: LiveProgress | None = None) -> AgentResult:
     stop = threading.Event()  # the weights failed: stop waiting for the image and GPUs, the node is not warm anyway
+    first_get = threading.Event()
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
-        weights = pool.submit(_weights, cfg, timeline, live)
-        cache_f = pool.submit(_compile_cache, cfg, timeline) if cfg.compile_cache_uri else None
+        weights = pool.submit(_weights, cfg, timeline, live, first_get)
+        cache_f = pool.submit(_compile_cache, cfg, timeline, first_get) if cfg.compile_cache_uri else None
         image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
         gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline) if gpu_wait is not None else None
         try:

@@ -9,9 +9,6 @@ from pathlib import Path
 
 from nodewarm.errors import NodewarmError
 
-from .weights.capacity import GiB, Headroom
-from .s3client import RetryPolicy
-
 BOOTSTRAP_DESCRIPTION = """\
 Node-side steps that warm a freshly scaled-up GPU node before the startup taint is lifted.
 Run on the node (user data, bootstrap container or DaemonSet); each step is idempotent.
@@ -116,7 +113,10 @@ def _add_weights(bsub) -> None:
 
 
 def _weights_config(args: argparse.Namespace):
+    # Here, not with the parser: `bootstrap run`, `compile-cache` and `--help` need no botocore to register.
+    from .s3client import RetryPolicy
     from .weights import WeightsConfig
+    from .weights.capacity import GiB, Headroom
     from .weights.loadcheck import StreamerTuning
 
     overrides: dict = {

@@ -73,6 +73,10 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     assert set(json.loads(got["annotations"]["nodewarm.io/timeline"])) >= {
         "agent_started", "weights_started", "weights_done", "compile_cache_started", "compile_cache_cold",
         "image_prepull_started", "image_prepull_done", "warm_reported"}
+    # The compile-cache phase waits for the weights' first GET: its client and imports would slow the pull's start.
+    from nodewarm.bootstrap.agent import _stamp
+
+    assert out["timeline"]["compile_cache_started"] >= _stamp(out["weights"]["first_request_at"])
     # The node reported; it did not (and could not) lift its own taint.
     assert TAINT in node.get(NODES, NODE)["spec"]["taints"]
 

@@ -125,4 +125,12 @@ def test_agent_commands_start_without_the_other_parts_imports():
              "print(sorted(m for m in sys.modules if m in cli.TOP_LEVEL or m.startswith(('jsonschema', 'kubernetes'))))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['nodewarm.bootstrap.cli']"
+    # On the agent's path to its first GET: no botocore to register the commands, and nothing of the compile
+    # cache's signature checks (cryptography, ~0.1 s) until that phase starts, after the first GET.
+    probe = ("import sys; from nodewarm import cli; cli.build_parser(['bootstrap', 'run', '--help']); "
+             "print(sorted(m for m in sys.modules if m.startswith('botocore')))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    probe = ("import sys; import nodewarm.bootstrap.follow, nodewarm.bootstrap.agent_cli; print(sorted(m for m in "
+             "sys.modules if m.startswith(('cryptography', 'nodewarm.bootstrap.compilecache.restore'))))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     assert nodewarm("bootstrap", "run", "--help").returncode == 0 and "render" in nodewarm("--help").stdout

@@ -23,8 +23,8 @@ _LISTENER: contextvars.ContextVar[Callable[[str, "Snapshot"], None] | None] = \
 
 @contextlib.contextmanager
 def listening(fn: Callable[[str, "Snapshot"], None] | None) -> Iterator[None]:
-    """Progress objects made inside this block call ``fn(phase, snapshot)`` on every tick and once at the end
-    (from their own thread: ``fn`` must be quick and must not block)."""
+    """Progress objects made inside this block call ``fn(phase, snapshot)`` at the first request sent, on every
+    tick and once at the end (from the pull's or their own thread: ``fn`` must be quick and must not block)."""
     token = _LISTENER.set(fn)
     try:
         yield
@@ -86,6 +86,7 @@ class Progress:
     def request_sent(self) -> None:
         if self.first_request_at is None:  # racing threads may both set it: a microsecond apart
             self.first_request_at = time.time()
+            self._tell(self.snapshot())    # at once: the agent starts its compile-cache phase on it
 
     def add(self, n: int) -> None:
         with self._lock:
