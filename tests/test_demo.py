@@ -104,4 +104,5 @@ def test_demo_with_real_vllm_serves_tokens_from_the_warm_node_and_the_baseline_s
     assert "Ordering: OK" in text and "\x1b" not in text
     doc = json.loads((tmp_path / "out" / "timeline.json").read_text())
     assert {"engine_ready", "first_completion"} <= set(doc["nodes"]["demo-node-0"]["seconds"])
+    assert doc["baseline"]["init_engine_ratio"] == base["init_engine_ratio"]
     assert (tmp_path / "out" / "timeline.png").exists()
