@@ -18,8 +18,8 @@ paths, and its publisher sidecar judging the compile-cache hit. The seed bundle 
 ("node A") compiled and published. The no-warm baseline runs the same container on nodes no agent
 warmed: vLLM streams the model from S3 (Run:ai streamer) and compiles cold. Both are timed from
 registration to the first completion answered, in the same run. Three vLLM boots (node A, the warm node,
-the baseline): 12-14 minutes with --nodes 1 on a 2-core machine shared with other work, most of it vLLM's
-own start; each further node adds a warm and a cold boot (they run one at a time). --engine probe stands a
+the baseline): 5-14 minutes with --nodes 1 on a 2-core machine, depending on what else runs on it, most of
+it vLLM's own start; each further node adds a warm and a cold boot (they run one at a time). --engine probe stands a
 first torch.compile call in for vLLM (a pause container as the pod): about 2 minutes, no vLLM needed, with
 --model-mb sizing a model-like safetensors set.
 
