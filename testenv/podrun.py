@@ -174,8 +174,18 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
     for target, size in tmpfs:
         script.append(f"mount -t tmpfs -o size={shlex.quote(size.replace('Gi', 'g').replace('Mi', 'm'))} "
                       f"tmpfs {shlex.quote(target)}")
-    # Last: the sources above may lie under the machine's /tmp (pytest's tmp_path).
+    # Last: the sources above may lie under the machine's /tmp (pytest's tmp_path). The image must not vanish
+    # with it (a checkout cloned under /tmp holds .venv-serving and the editable nodewarm): each image folder there
+    # is held open before /tmp is covered and bound back at its own path from that descriptor.
+    image = _image_dirs_under_tmp(venv)
+    for fd, d in enumerate(image, start=3):
+        script.append(f"exec {fd}<{shlex.quote(str(d))}")
     script.append(f"mount --bind {shlex.quote(str(work / 'tmp'))} /tmp")
+    for fd, d in enumerate(image, start=3):
+        script.append(f"mkdir -p {shlex.quote(str(d))}")
+        # --no-canonicalize: mount would resolve /proc/self/fd/N to its path, which is now the covered one.
+        script.append(f"mount --no-canonicalize --bind /proc/self/fd/{fd} {shlex.quote(str(d))}")
+        script.append(f"exec {fd}<&-")
     script.append(f"cd {shlex.quote(c.get('workingDir') or '/')}")
     script.append("exec " + " ".join(shlex.quote(a) for a in argv))
     log = work / f"{container}.log"
@@ -184,6 +194,16 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     return Pod(proc=proc, log=log, argv=argv, env=env, _made=made)
+
+
+def _image_dirs_under_tmp(venv: Path) -> list[Path]:
+    """The image's folders on this machine that a pod's private /tmp would hide: the serving environment and the
+    checkout its editable nodewarm imports from, outermost only (at most a few: sh redirects fds 3-9)."""
+    out: list[Path] = []
+    for d in sorted({venv.resolve(), REPO}, key=lambda d: len(d.parts)):
+        if d.is_relative_to("/tmp") and not any(d.is_relative_to(o) for o in out):
+            out.append(d)
+    return out
 
 
 def which_python(venv: Path | None = None) -> str:
