@@ -173,6 +173,12 @@ def publisher_verdict(text: str) -> dict | None:
     return next((d for d in _json_lines(text) if d.get("event") == "compilecache.served"), None)
 
 
+def publisher_reported(text: str) -> dict | None:
+    """Its write of that verdict on the Node (nodestatus.report_compile_cache), which comes after the verdict line:
+    a sidecar stopped in between leaves the Node without the outcome."""
+    return next((d for d in _json_lines(text) if d.get("event") == "compile_cache.reported"), None)
+
+
 def publisher_published(text: str) -> dict | None:
     """Its publish result line, when it published (a cold node's first compile, or a miss's replacement)."""
     return next((d for d in _json_lines(text) if d.get("event") in ("compilecache.publish.done",
@@ -182,8 +188,8 @@ def publisher_published(text: str) -> dict | None:
 def serve(pod: dict, env: PodEnv, port: int, model: str, *, with_publisher: bool,
           wait_for: str = "verdict") -> Served:
     """Run the pod's init containers, start its vllm container (and its publisher sidecar), wait for the first
-    completion, then for the publisher (``wait_for``: ``verdict`` = its hit/miss/cold line, ``published`` = a
-    bundle published), stop both.
+    completion, then for the publisher (``wait_for``: ``verdict`` = its hit/miss/cold verdict written on the Node,
+    ``published`` = a bundle published), stop both.
 
     ``pod``: the Pod object as the API server holds it (camelCase, as podrun reads it)."""
     if (avail := mem_available()) < ENGINE_MEMORY_BYTES:
@@ -219,7 +225,7 @@ def serve(pod: dict, env: PodEnv, port: int, model: str, *, with_publisher: bool
         verdict = published = None
         if with_publisher:
             pub = containers[1]
-            want = publisher_verdict if wait_for == "verdict" else publisher_published
+            want = publisher_reported if wait_for == "verdict" else publisher_published
             end = time.time() + VERDICT_TIMEOUT_S
             while want(pub.text()) is None:
                 if pub.proc.poll() is not None or time.time() > end:
