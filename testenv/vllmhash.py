@@ -63,11 +63,13 @@ def _one(case: dict, base_env: dict[str, str]) -> dict:
         vllm.__version__ = real
 
 
-def compute(cases: list[dict], models: dict[str, str], env: dict[str, str], timeout: float = 600) -> list[dict]:
+def compute(cases: list[dict], mounts: dict[str, str], env: dict[str, str], timeout: float = 600) -> list[dict]:
     """Caller side (any Python, stdlib only): run this script in the serving environment on ``cases`` and return
-    its answers in order. ``models``: {path vLLM is given: directory holding the model}; each is bind-mounted
-    at its own path in a private mount namespace (as testenv/podrun does: vLLM hashes the model string, so the
-    rendered ``/models/P`` must be the path it sees). ``env``: the process environment (PATH included)."""
+    its answers in order. ``mounts``: {path vLLM sees: directory on this machine}, each bind-mounted at its own
+    path in a private mount namespace (as testenv/podrun does): the model (vLLM hashes the model string, so the
+    rendered ``/models/P`` must be the path it sees) and the rendered cache root (vLLM writes there even
+    without booting, which must not land on this machine's own /compile-cache). ``env``: the process
+    environment (PATH included)."""
     import shlex
     import subprocess
     from pathlib import Path
@@ -75,11 +77,11 @@ def compute(cases: list[dict], models: dict[str, str], env: dict[str, str], time
     from .podrun import serving_venv
 
     made: list[Path] = []
-    for target in models:
+    for target in mounts:
         for d in reversed([q for q in [Path(target), *Path(target).parents] if not q.exists()]):
             d.mkdir()
             made.append(d)
-    script = ["set -e"] + [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in models.items()]
+    script = ["set -e"] + [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in mounts.items()]
     script.append(f"exec {shlex.quote(str(serving_venv() / 'bin' / 'python3'))} {shlex.quote(__file__)}")
     try:
         proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],

@@ -22,6 +22,7 @@ import pytest
 
 from nodewarm import profile
 from nodewarm.bootstrap.compilecache import cachekey, hardware
+from nodewarm.nodeclasses.podlayout import CACHE_MOUNT
 from nodewarm.nodeclasses.servingspec import serving_spec
 from nodewarm.testenv import enginenode, podrun, vllmhash
 from profiles import variant
@@ -97,6 +98,7 @@ def vllm_hashes(tmp_path_factory) -> list[dict]:
         c = _container(p)
         models[c["args"][0].partition("=")[2]] = str(model)     # --model=/models/<profile>
         cases.append({"argv": c["args"], "env": _pod_env(p, extra), "vllm_version": version})
+    models[CACHE_MOUNT] = str(tmp_path_factory.mktemp("compile-cache"))      # what vLLM writes without a boot
     base_env = {"PATH": f"{podrun.serving_venv() / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path_factory.mktemp("h"))}
     return vllmhash.compute(cases, models, base_env)
 
