@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
-from nodewarm.testenv import s3server
+from nodewarm_dev.testenv import s3server
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "testenv" / "compile_probe.py"
@@ -82,7 +82,7 @@ def agent_restore_phase(store: CacheStore, server: s3server.S3Server, probe: cac
             "uri": f"s3://{store.uri.bucket}/{store.root}", "verify_key": verify_key, "mount": str(work / f"m{i}"),
             "spec": {"model": factors.model, "revision": factors.revision, "tp": factors.tp, "pp": factors.pp,
                      "image": factors.image, "engine": dict(factors.engine)}}))
-        proc = subprocess.run([sys.executable, "-m", "nodewarm.testenv.restore_probe", str(config)],
+        proc = subprocess.run([sys.executable, "-m", "nodewarm_dev.testenv.restore_probe", str(config)],
                               env={**os.environ, **server.env()}, capture_output=True, text=True, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:")]
         if proc.returncode != 0 or not lines:

@@ -49,10 +49,10 @@ from nodewarm.bootstrap.nodestatus import report_warm  # noqa: E402
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube  # noqa: E402
 from nodewarm.controller.model import STATE_ANNOTATION, WarmState, fmt_time  # noqa: E402
 from nodewarm.nodeclasses import ec2nodeclass, nodepool, render  # noqa: E402
-from nodewarm.testenv import kube as kubeenv  # noqa: E402
-from nodewarm.testenv.crds import all_crds  # noqa: E402
-from nodewarm.testenv.karpenter import KarpenterSim  # noqa: E402
-from nodewarm.testenv.ports import free_port  # noqa: E402
+from nodewarm_dev.testenv import kube as kubeenv  # noqa: E402
+from nodewarm_dev.testenv.crds import all_crds  # noqa: E402
+from nodewarm_dev.testenv.karpenter import KarpenterSim  # noqa: E402
+from nodewarm_dev.testenv.ports import free_port  # noqa: E402
 
 TAINT = "nodewarm.io/warming"
 PROFILE = {
@@ -133,12 +133,15 @@ def setup_cluster(workdir: Path, tag: str, threads: int):
     return cluster, admin, k
 
 
-PARTS = ("bootstrap", "nodeclasses", "userdata", "controller", "testenv")
+PARTS = ("bootstrap", "nodeclasses", "userdata", "controller", "testenv")   # the top-level folders before src/
 
 
 def importable(repo: Path, dest: Path) -> Path:
     """A PYTHONPATH entry importing ``nodewarm.*`` from ``repo`` (a plain checkout): the installed editable
-    package would otherwise resolve the parts (nodewarm.controller ...) to this checkout."""
+    package would otherwise resolve the parts (nodewarm.controller ...) to this checkout. A checkout with the
+    src layout is its own src/; an older one (parts in top-level folders) gets a package of links in ``dest``."""
+    if (repo / "src" / "nodewarm").is_dir():
+        return repo / "src"
     pkg = dest / "nodewarm"
     pkg.mkdir(parents=True, exist_ok=True)
     for entry in (repo / "nodewarm").iterdir():
@@ -149,7 +152,7 @@ def importable(repo: Path, dest: Path) -> Path:
 
 
 def start_controller(cluster, workdir: Path, tag: str, workers: int, timeout_s: float = 300,
-                     pythonpath: Path = REPO):
+                     pythonpath: Path = REPO / "src"):
     kcfg = cluster.write_kubeconfig(workdir / f"kubeconfig-{tag}")
     mport, hport = free_port(), free_port()
     log = open(workdir / f"controller-{tag}.log", "wb")

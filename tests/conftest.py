@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodewarm.testenv import s3server
+from nodewarm_dev.testenv import s3server
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +45,8 @@ def kube(tmp_path_factory):
     """A real kube-apiserver + etcd with the upstream Karpenter CRDs, the WarmProfile CRD and the
     (nodewarm-written) Auto Mode NodeClass test CRD installed. ``kube.api_client()`` is admin;
     ``kube.api_client(kube.node_token("node-0"))`` is that node's kubelet identity."""
-    from nodewarm.testenv import kube as kubeenv
-    from nodewarm.testenv.crds import all_crds
+    from nodewarm_dev.testenv import kube as kubeenv
+    from nodewarm_dev.testenv.crds import all_crds
 
     cluster = kubeenv.start(tmp_path_factory.mktemp("kube"), node_names=KUBE_NODE_NAMES)
     try:

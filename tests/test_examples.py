@@ -16,10 +16,11 @@ from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.nodeclasses import crdvalidate, identity
 from nodewarm.nodeclasses.render import render
-from nodewarm.testenv import kube as kubeenv
-from nodewarm.testenv.crds import AUTOMODE_TEST_CRD
+from nodewarm_dev.testenv import kube as kubeenv
+from nodewarm_dev.testenv.crds import AUTOMODE_TEST_CRD
+from support import paths
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = paths.EXAMPLES
 # name -> (mode, AMI family or None for Auto Mode, where the agent runs)
 EXPECTED = {
     "karpenter-al2023.yaml": ("karpenter", "al2023@", "host"),

@@ -6,7 +6,7 @@ import pytest
 
 from nodewarm import instancetypes, profile, sizing
 from nodewarm.errors import ProfileError
-from profiles import v
+from support.profiles import v
 
 
 def checked(doc):
@@ -135,7 +135,7 @@ def test_deadline_of_a_minute_or_more_is_accepted(deadline):
 def test_the_crd_schema_refuses_a_short_deadline_too():
     import re
 
-    from nodewarm.schema import strict_schema
+    from nodewarm.api.schema import strict_schema
 
     pattern = strict_schema()["properties"]["spec"]["properties"]["readiness"]["properties"]["deadline"]["pattern"]
     assert not any(re.match(pattern, d) for d in ("0s", "59s", "0m", "5", "1d"))
@@ -160,7 +160,7 @@ def test_the_crd_refuses_what_the_cli_refuses_for_the_image_prepull_timeout():
     """The CRD is generated from the same schema: its pattern is the one the CLI's message explains."""
     import re
 
-    from nodewarm.schema import crd
+    from nodewarm.api.schema import crd
 
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     field = spec["properties"]["bootstrap"]["properties"]["imagePrepullTimeout"]

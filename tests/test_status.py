@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 
 from nodewarm import status
-from nodewarm.nodeclasses import labels
+from nodewarm.api import names as labels
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.weights import progress as wprogress
 from nodewarm.errors import NodewarmError
@@ -487,15 +487,15 @@ def test_agent_wires_the_pull_progress_and_its_timeline_into_live_progress(monke
 
 def _read_only_kubeconfig(kube, admin_k, tmp_path):
     """A ServiceAccount bound to a ClusterRole with status.RBAC_RULES (list only; events in `default` by a Role)."""
-    from test_rbac import _apply
+    from support.rbac import apply_replacing
 
-    from controller_fixtures import uniq
+    from support.controller_fixtures import uniq
 
     ns = uniq("status")
     cluster_rules = [r for r in status.RBAC_RULES if r["resources"] != ["events"]]
     events_rules = [r for r in status.RBAC_RULES if r["resources"] == ["events"]]
     sa = {"kind": "ServiceAccount", "name": "viewer", "namespace": ns}
-    _apply(admin_k, [
+    apply_replacing(admin_k, [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "viewer", "namespace": ns}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": f"{ns}-viewer"},
@@ -520,9 +520,9 @@ def test_status_against_the_real_api_server_read_only(kube, admin, k, tmp_path, 
     from nodewarm.bootstrap.nodestatus import report_progress, report_warm
     from nodewarm.cli import main
     from nodewarm.controller.kube import NODES, Kube
-    from nodewarm.testenv.karpenter import KarpenterSim
+    from nodewarm_dev.testenv.karpenter import KarpenterSim
 
-    from controller_fixtures import events_for, installed, running, taint_keys, uniq, wait_for
+    from support.controller_fixtures import events_for, installed, running, taint_keys, uniq, wait_for
 
     names = {"warming": "node-6", "warm": "node-7"}      # kubelet identities in the server's tokens.csv
     for n in names.values():
@@ -612,10 +612,10 @@ def test_status_shows_a_deleted_profile_whose_clean_up_is_held_and_its_nodes(kub
     it with the clean-up's reason and what finishing it costs."""
     from nodewarm.cli import main
     from nodewarm.controller.kube import WARMPROFILES
-    from nodewarm.testenv.karpenter import KarpenterSim
+    from nodewarm_dev.testenv.karpenter import KarpenterSim
 
-    from controller_fixtures import installed, running, wait_for
-    from test_injection import cleanup_condition, wait_reason
+    from support.controller_fixtures import installed, running, wait_for
+    from support.controller_fixtures import cleanup_condition, wait_reason
 
     sim = KarpenterSim(admin)
     with installed(k, user_data=None, user_startup_taints=()) as inst, running(admin):

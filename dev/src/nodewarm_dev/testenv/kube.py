@@ -1,0 +1,317 @@
+"""A real kube-apiserver (v1.20.2, built from Debian's source by build-kube.sh) + etcd on 127.0.0.1.
+
+RBAC and NodeRestriction are on, anonymous auth is off: tests and the demo talk to it exactly as to a
+cluster, with bearer tokens. ``tokens.csv`` holds an admin (system:masters) and one token per simulated
+kubelet (system:nodes), so NodeRestriction is exercised for real. ServiceAccount tokens come from the
+TokenRequest API. Facts about this server (no CEL, silent pruning, no controller-manager) are in
+../shared/reference/testenv.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .ports import free_port, wait_until
+
+# The checkout's root (this file is dev/src/nodewarm_dev/testenv/kube.py): shared/ lies beside it.
+REPO_ROOT = Path(__file__).resolve().parents[4]
+
+
+def kube_bin_dir() -> Path:
+    return Path(os.environ.get("NODEWARM_KUBE_BIN", Path.home() / ".cache/nodewarm/k8s"))
+
+
+def crds_dir() -> Path:
+    """Upstream Karpenter CRDs: $NODEWARM_CRDS_DIR, else ../shared/crds beside the checkout."""
+    return Path(os.environ.get("NODEWARM_CRDS_DIR", REPO_ROOT.parent / "shared" / "crds"))
+
+
+def _require(path: Path, hint: str) -> str:
+    if not path.exists():
+        raise RuntimeError(f"{path} not found: {hint}")
+    return str(path)
+
+
+@dataclass
+class KubeCluster:
+    server: str
+    ca_file: str
+    admin_token: str
+    workdir: Path
+    node_tokens: dict[str, str] = field(default_factory=dict)
+    _procs: list[subprocess.Popen] = field(default_factory=list, repr=False)
+
+    # -- clients ---------------------------------------------------------------------------------
+    def api_client(self, token: str | None = None):
+        """A kubernetes.client.ApiClient; admin unless another bearer token is given."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.server
+        cfg.ssl_ca_cert = self.ca_file
+        cfg.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
+        return client.ApiClient(cfg)
+
+    def kubeconfig(self, token: str | None = None, user: str = "admin") -> dict:
+        return {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {"server": self.server, "certificate-authority": self.ca_file}}],
+            "users": [{"name": user, "user": {"token": token or self.admin_token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
+            "current-context": "local",
+        }
+
+    def write_kubeconfig(self, path: Path | None = None, token: str | None = None, user: str = "admin") -> Path:
+        path = path or self.workdir / f"kubeconfig-{user}"
+        path.write_text(yaml.safe_dump(self.kubeconfig(token, user)))
+        path.chmod(0o600)
+        return path
+
+    def node_token(self, node_name: str) -> str:
+        """A kubelet-like identity (system:node:<name>, group system:nodes), from tokens.csv."""
+        return self.node_tokens[node_name]
+
+    def service_account_token(self, namespace: str, name: str, seconds: int = 3600) -> str:
+        from kubernetes import client
+
+        api = client.CoreV1Api(self.api_client())
+        req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+            audiences=["https://kubernetes.default.svc"], expiration_seconds=seconds))
+        return api.create_namespaced_service_account_token(name, namespace, req).status.token
+
+    # -- setup -----------------------------------------------------------------------------------
+    def apply_crds(self, docs: list[dict], timeout_s: float = 30) -> None:
+        """Create (or replace) CRDs and wait until each is Established."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        api = client.ApiextensionsV1Api(self.api_client())
+        for doc in docs:
+            name = doc["metadata"]["name"]
+            try:
+                api.create_custom_resource_definition(doc)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                current = api.read_custom_resource_definition(name)
+                doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": current.metadata.resource_version}}
+                api.replace_custom_resource_definition(name, doc)
+        for doc in docs:
+            name = doc["metadata"]["name"]
+
+            def established() -> bool:
+                conds = api.read_custom_resource_definition(name).status.conditions or []
+                return any(c.type == "Established" and c.status == "True" for c in conds)
+
+            wait_until(established, timeout_s, f"CRD {name} established")
+
+    def stop(self) -> None:
+        for p in reversed(self._procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self._procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._procs.clear()
+
+    def __enter__(self) -> "KubeCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def load_crd_files(paths: list[Path]) -> list[dict]:
+    docs = []
+    for p in paths:
+        docs += [d for d in yaml.safe_load_all(Path(p).read_text()) if d and d.get("kind") == "CustomResourceDefinition"]
+    return docs
+
+
+def upstream_crd_files(directory: Path | None = None) -> list[Path]:
+    """The three Karpenter CRDs nodewarm works with (NodePool, NodeClaim, EC2NodeClass)."""
+    d = directory or crds_dir()
+    names = ["karpenter.sh_nodepools.yaml", "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml"]
+    missing = [n for n in names if not (d / n).exists()]
+    if missing:
+        raise RuntimeError(f"Karpenter CRDs {missing} not found in {d}: set NODEWARM_CRDS_DIR to the folder "
+                           "holding the CRDs of the Karpenter release you run (its pkg/apis/crds/)")
+    return [d / n for n in names]
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def start(workdir: Path | None = None, node_names: tuple[str, ...] = (), timeout_s: float = 90,
+          extra_args: tuple[str, ...] = ()) -> KubeCluster:
+    """Start etcd and kube-apiserver on free loopback ports; return once /readyz answers ok.
+
+    ``node_names``: kubelet identities to put in tokens.csv (a Node can only be touched by its own).
+    """
+    bins = kube_bin_dir()
+    apiserver = _require(bins / "kube-apiserver", "build it first: bash dev/src/nodewarm_dev/testenv/build-kube.sh")
+    etcd = shutil.which("etcd") or _require(Path("/usr/bin/etcd"), "apt-get install etcd-server")
+    work = Path(workdir or tempfile.mkdtemp(prefix="nodewarm-kube-"))
+    work.mkdir(parents=True, exist_ok=True)
+    certs = work / "certs"
+    certs.mkdir(exist_ok=True)
+    if not (certs / "sa.key").exists():
+        _openssl("genrsa", "-out", str(certs / "sa.key"), "2048")
+        _openssl("rsa", "-in", str(certs / "sa.key"), "-pubout", "-out", str(certs / "sa.pub"))
+
+    admin = secrets.token_hex(16)
+    node_tokens = {n: secrets.token_hex(16) for n in node_names}
+    lines = [f'{admin},admin,admin,"system:masters"']
+    lines += [f'{t},system:node:{n},node-{n},"system:nodes"' for n, t in node_tokens.items()]
+    (work / "tokens.csv").write_text("\n".join(lines) + "\n")
+
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    etcd_log = open(work / "etcd.log", "wb")
+    procs.append(subprocess.Popen([
+        etcd, "--data-dir", str(work / "etcd"), "--name", "nodewarm",
+        "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+        "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+        "--initial-cluster", f"nodewarm=http://127.0.0.1:{peer_port}",
+        "--unsafe-no-fsync", "--log-level", "warn",
+    ], stdout=etcd_log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    api_log = open(work / "apiserver.log", "wb")
+    procs.append(subprocess.Popen([
+        apiserver,
+        "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+        "--secure-port", str(api_port), "--insecure-port", "0",
+        "--cert-dir", str(certs),
+        "--token-auth-file", str(work / "tokens.csv"),
+        "--authorization-mode", "Node,RBAC",
+        "--anonymous-auth=false",
+        "--service-account-issuer", "https://kubernetes.default.svc",
+        "--service-account-key-file", str(certs / "sa.pub"),
+        "--service-account-signing-key-file", str(certs / "sa.key"),
+        "--api-audiences", "https://kubernetes.default.svc",
+        "--enable-admission-plugins", "NodeRestriction",
+        "--disable-admission-plugins", "ServiceAccount",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type", "none",
+        "--service-cluster-ip-range", "10.0.0.0/24",
+        *extra_args,
+    ], stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    cluster = KubeCluster(server=f"https://127.0.0.1:{api_port}", ca_file=str(certs / "apiserver.crt"),
+                          admin_token=admin, workdir=work, node_tokens=node_tokens, _procs=procs)
+
+    def ready() -> bool:
+        import ssl
+        import urllib.request
+
+        if not Path(cluster.ca_file).exists():
+            return False
+        ctx = ssl.create_default_context(cafile=cluster.ca_file)
+        req = urllib.request.Request(f"{cluster.server}/readyz", headers={"Authorization": f"Bearer {admin}"})
+        with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
+            return r.status == 200
+
+    try:
+        wait_until(ready, timeout_s, "kube-apiserver /readyz", procs[1])
+    except Exception as e:
+        cluster.stop()
+        tail = (work / "apiserver.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{e}\n--- apiserver log ---\n{tail}") from None
+    return cluster
+
+
+def _component_kubeconfig(cluster: KubeCluster, name: str, cluster_roles: tuple[str, ...]) -> Path:
+    """A ServiceAccount in kube-system bound to the component's built-in ClusterRoles, as a kubeconfig
+    (tokens.csv is read once at start, so components use TokenRequest tokens)."""
+    from kubernetes import client
+
+    def create(fn, *args):
+        try:
+            fn(*args)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+
+    core, rbac = client.CoreV1Api(cluster.api_client()), client.RbacAuthorizationV1Api(cluster.api_client())
+    ns = "kube-system"
+    create(core.create_namespace, {"metadata": {"name": ns}})
+    create(core.create_namespaced_service_account, ns, {"metadata": {"name": name}})
+    for role in cluster_roles:
+        create(rbac.create_cluster_role_binding, {
+            "metadata": {"name": f"nodewarm-{name}-{role.replace(':', '-')}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        })
+    token = cluster.service_account_token(ns, name, seconds=86400)
+    return cluster.write_kubeconfig(cluster.workdir / f"kubeconfig-{name}", token, name)
+
+
+def _start_component(cluster: KubeCluster, binary: str, args: list[str]) -> subprocess.Popen:
+    exe = _require(kube_bin_dir() / binary, "build it first: bash dev/src/nodewarm_dev/testenv/build-kube.sh")
+    log = open(cluster.workdir / f"{binary}.log", "wb")
+    proc = subprocess.Popen([exe, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster._procs.append(proc)
+    time.sleep(0.5)
+    if proc.poll() is not None:
+        raise RuntimeError(f"{binary} exited at start:\n" + (cluster.workdir / f"{binary}.log").read_text()[-3000:])
+    return proc
+
+
+def start_scheduler(cluster: KubeCluster, max_backoff_s: int | None = None) -> subprocess.Popen:
+    """The real kube-scheduler: pod placement is decided by it, not by nodewarm or its tests.
+
+    ``max_backoff_s`` sets ``podInitialBackoffSeconds`` and ``podMaxBackoffSeconds`` (v1.20 defaults: 1 and
+    10). The demo lowers them for both of its worlds alike: this v1.20 scheduler retries every pending pod on
+    any node condition change and then holds it in back-off even once nothing else is waiting; schedulers
+    with queueing hints (on by default from 1.32) do not retry on a condition, and from 1.33 (KEP-5142) an
+    idle scheduler pops pods from back-off at once. Tests keep the defaults.
+    """
+    kcfg = _component_kubeconfig(cluster, "kube-scheduler", ("system:kube-scheduler", "system:volume-scheduler"))
+    args = ["--kubeconfig", str(kcfg), "--leader-elect=false", "--port", "0"]
+    if max_backoff_s is not None:
+        # With --config the scheduler ignores its deprecated flags (--kubeconfig, --leader-elect) and --port too,
+        # and its insecure healthz/metrics listener would default to 0.0.0.0:10251 (a fixed port: a second
+        # scheduler on the machine could not start). All of it goes in the file, that listener on loopback.
+        insecure = f"127.0.0.1:{free_port()}"
+        config = cluster.workdir / "kube-scheduler-config.yaml"
+        config.write_text(json.dumps({
+            "apiVersion": "kubescheduler.config.k8s.io/v1beta1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kcfg)}, "leaderElection": {"leaderElect": False},
+            "healthzBindAddress": insecure, "metricsBindAddress": insecure,
+            "podInitialBackoffSeconds": 1, "podMaxBackoffSeconds": max(1, int(max_backoff_s)),
+        }))
+        args = ["--config", str(config)]
+    return _start_component(cluster, "kube-scheduler", [
+        *args, "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+        "--authentication-kubeconfig", str(kcfg), "--authorization-kubeconfig", str(kcfg),
+        "--authentication-tolerate-lookup-failure=true",
+    ])
+
+
+def start_controller_manager(cluster: KubeCluster) -> subprocess.Popen:
+    """kube-controller-manager running ONLY the Deployment and ReplicaSet controllers, so Deployments
+    create Pods. Never the node-lifecycle controllers: with no kubelets they would evict everything."""
+    kcfg = _component_kubeconfig(cluster, "kube-controller-manager",
+                                 ("system:controller:deployment-controller", "system:controller:replicaset-controller"))
+    return _start_component(cluster, "kube-controller-manager", [
+        "--kubeconfig", str(kcfg), "--controllers", "deployment,replicaset", "--leader-elect=false",
+        "--port", "0", "--secure-port", "0", "--use-service-account-credentials=false",
+    ])

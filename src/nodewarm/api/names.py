@@ -1,0 +1,43 @@
+"""Names nodewarm puts on cluster objects. One place, because the controller, the renderer, the
+bootstrap and the tests must agree on them."""
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PROFILE_LABEL = "nodewarm.io/profile"
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"   # well-known; Karpenter sets it
+GPU_TAINT = "nvidia.com/gpu"
+FIELD_MANAGER = "nodewarm"
+
+# Written by the node agent on its own Node (NodeRestriction allows conditions and these annotations).
+WARM_CONDITION = "nodewarm.io/Warm"
+CACHE_ANNOTATION = "nodewarm.io/compile-cache"
+CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
+TIMELINE_ANNOTATION = "nodewarm.io/timeline"
+# The timeline's key for when the agent reported Warm (sub-second; the controller times register_to_warm by it).
+WARM_REPORTED = "warm_reported"
+WEIGHTS_ANNOTATION = "nodewarm.io/weights"
+# Set by the node agent when the launcher failed before it started (what failed, when): see bootstrap/launchrecord.py.
+LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"
+# The serving image pre-pull's outcome (bootstrap/imageprepull.py), recorded by the node agent on its own Node.
+IMAGE_ANNOTATION = "nodewarm.io/image-prepull"
+# The generation the agent warmed, recorded on a node still under the startup taint: the controller turns it
+# into the generation label in the write that lifts the taint (bootstrap/nodestatus.py says why).
+WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"
+# Whether the Node advertised the GPUs the vLLM pod requests before Warm (bootstrap/gpuwait.py), by the node agent.
+GPUS_ANNOTATION = "nodewarm.io/gpus"
+# The weights' in-flight progress, written by the node agent while it pulls (bootstrap/agent.py LiveProgress) and
+# read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
+PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
+
+# Written by the controller on a Node: its record of the node's lifecycle (controller/model.py), and the label
+# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/generation.py).
+STATE_ANNOTATION = "nodewarm.io/state"
+GENERATION_LABEL = "nodewarm.io/generation"
+CACHE_LABEL = "nodewarm.io/compile-cache"
+# What that label may say; anything else a node reports is recorded as "unknown".
+CACHE_OUTCOMES = ("hit", "miss", "cold")
+# On a WarmProfile, by the controller: the finalizer that holds a deleted profile until its startup taint is out of
+# the NodePool, and the condition that says why that clean-up waits (controller/controller.py ``_clean_up``;
+# `nodewarm status` shows a held profile's nodes by them).
+CLEANUP_FINALIZER = "nodewarm.io/cleanup"
+CLEANUP_CONDITION = "Cleanup"

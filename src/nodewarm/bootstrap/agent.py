@@ -1,0 +1,426 @@
+"""The node agent: weights, compile caches and the serving image, together -> the `nodewarm.io/Warm` condition.
+
+This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mode) run as
+`nodewarm bootstrap run`. The three phases share nothing (the weights' folder, the compile-cache folder,
+the kubelet's image store), so they run at once and Warm is reported when the last one ends; the
+timeline records each phase's start and end. Only the weights can fail the node (not NVMe, too small,
+S3 errors): a compile-cache problem only makes the first compile cold and an image not pre-pulled is
+pulled by the kubelet when the pod lands, so both are reported but never fail the warm-up. Whatever happens, the outcome ends up in the condition, so the
+controller (which alone may lift the taint) knows what to do: an exception nodewarm has no reason for
+is reported as InternalError naming its type, never left to kill the agent before it reports. A
+launcher failure recorded before this start (launchrecord) is reported first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nodewarm import logs
+from nodewarm.errors import NodewarmError
+from nodewarm.generation import GENERATION_LABEL
+from nodewarm.api.names import (
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
+    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
+)
+from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
+from nodewarm.nodeclasses.vllm import BASELINE_FILE
+
+from . import launchrecord
+from .compilecache import bundle, cachekey
+from .gpuwait import GPU_WAIT_S
+from .weights import WeightsConfig, WeightsSummary, warm_weights
+from .weights import progress as weights_progress
+from .weights.loadcheck import StreamerTuning
+
+if TYPE_CHECKING:
+    from .compilecache import restore
+
+log = logs.get("bootstrap.agent")
+
+RESULT_FILE = "agent-result.json"
+# How often, at most, the agent writes its in-flight progress on its Node (LiveProgress): one small status patch
+# per warming node per 30 s (a 1,000-node scale-up: ~33 writes/s while they pull), none when nothing changed.
+PROGRESS_REPORT_S = 30.0
+# The compile-cache phase starts once the weights' first GET is out (or their phase ended), at the latest this
+# long after the agent's start: its botocore client, signature imports and restore compete for the GIL with
+# the pull's own start-up (~0.1-0.3 CPU-s here), while the restore has the whole download to finish in.
+CACHE_HEAD_START_MAX_S = 5.0
+
+
+class LiveProgress:
+    """While the node warms: the weights' bytes done/total and the timeline so far, on the Node for
+    `nodewarm status` (annotations ``nodewarm.io/weights-progress`` and ``nodewarm.io/timeline``).
+
+    Rate-limited (one write per ``interval_s``, the first after one interval, none when nothing changed),
+    best effort (a failed write is logged and the warm-up goes on; a refused one stops the writes) and
+    stopped before the final report, so it can never overwrite the final timeline with an older one.
+    ``write(annotations)`` sends them (nodestatus.report_progress with the agent's identity)."""
+
+    def __init__(self, write, interval_s: float = PROGRESS_REPORT_S):
+        self._write, self._interval = write, interval_s
+        self.timeline: dict[str, str] | None = None     # the warm-up's, bound by warm(); mutated by its phases
+        self._snap: weights_progress.Snapshot | None = None
+        self._last: tuple | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="live-progress", daemon=True)
+
+    def on_progress(self, phase: str, snap) -> None:
+        if phase == "download":
+            self._snap = snap
+
+    def annotations(self) -> dict[str, str]:
+        out = {}
+        if self.timeline:
+            out[TIMELINE_ANNOTATION] = json.dumps(dict(self.timeline), separators=(",", ":"))
+        s = self._snap
+        if s is not None:
+            out[PROGRESS_ANNOTATION] = json.dumps(
+                {"doneBytes": s.done, "totalBytes": s.total, "mbps": round(s.rate_bps / 1e6, 1), "at": _stamp()},
+                separators=(",", ":"))
+        return out
+
+    def flush(self) -> bool:
+        """Write now if something changed since the last write; whether it wrote."""
+        ann = self.annotations()
+        s = self._snap
+        key = (ann.get(TIMELINE_ANNOTATION), (s.done, s.total) if s is not None else None)
+        if not ann or key == self._last:
+            return False
+        try:
+            self._write(ann)
+        except NodewarmError as e:      # refused: this identity may not write here; stop trying
+            log.warning("agent.progress_not_reported", error=str(e), stopping=True)
+            self._stop.set()
+            return False
+        except Exception as e:  # noqa: BLE001 - progress is a courtesy: the warm-up and its report go on
+            log.warning("agent.progress_not_reported", error=f"{type(e).__name__}: {e}")
+            return False
+        self._last = key
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
+
+    def start(self) -> "LiveProgress":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No write is in flight or will start once this returns."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+@dataclass(frozen=True)
+class AgentConfig:
+    profile: str
+    model_uri: str
+    dest: Path
+    mount: Path
+    node_name: str
+    compile_cache_uri: str | None = None
+    verify_key: str | None = None
+    spec: cachekey.ServingSpec | None = None        # None: derived from the profile name, TP 1
+    allow_non_nvme: bool = False
+    load_check: bool = True
+    host_root: Path = Path("/")
+    runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
+    generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
+    readiness_taint: str = ""   # the startup taint: while it is on, the controller writes the generation label
+    streamer: StreamerTuning | None = None          # set: stream one file with the vLLM pod's settings
+    state_dir: Path | None = None                   # launcher records in, agent-result.json out
+    node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
+    serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)
+    prepull_namespace: str = "nodewarm-system"      # where the image pre-pull pod runs (spec.bootstrap.namespace)
+    prepull_deadline_s: float = 600.0               # spec.bootstrap.imagePrepullTimeout
+    gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
+    progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
+
+    @property
+    def cache_dirs(self) -> bundle.CacheDirs:
+        """The host side of the vLLM pod's /compile-cache hostPath (nodeclasses.podlayout)."""
+        d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
+        return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
+                                base=self.mount / "compile-cache")
+
+    @property
+    def baseline_path(self) -> Path:
+        """Host side of the publisher's --baseline (nodeclasses.vllm.BASELINE_FILE)."""
+        return self.mount / "compile-cache" / BASELINE_FILE
+
+    def serving_spec(self) -> cachekey.ServingSpec:
+        return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
+
+    @property
+    def gpus_wanted(self) -> int:
+        """What the rendered vLLM pod requests (nodeclasses/vllm.py): tensor x pipeline parallel size."""
+        s = self.serving_spec()
+        return s.tp * s.pp
+
+
+@dataclass
+class AgentResult:
+    warm: bool
+    reason: str
+    message: str
+    weights: WeightsSummary | None = None
+    cache: restore.RestoreResult | None = None
+    image: object | None = None         # imageprepull.PrepullResult
+    gpus: object | None = None          # gpuwait.GpuResult
+    timeline: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
+                "weights": dataclasses.asdict(self.weights) if self.weights else None,
+                "compileCache": self.cache.to_dict() if self.cache else None,
+                "image": dataclasses.asdict(self.image) if self.image else None,
+                "gpus": dataclasses.asdict(self.gpus) if self.gpus else None}
+
+    def annotations(self) -> dict[str, str]:
+        out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
+        if self.cache is not None:
+            # A restore is not a hit: the outcome stays unset until the publisher proves hit or miss in serving.
+            if self.cache.status == "cold":
+                out[CACHE_ANNOTATION] = "cold"
+            out[CACHE_REASON_ANNOTATION] = self.cache.reason
+        if self.image is not None:
+            out[IMAGE_ANNOTATION] = f"{self.image.status} {self.image.reason}"
+        if self.gpus is not None:
+            out[GPUS_ANNOTATION] = self.gpus.annotation()
+        if self.weights is not None:
+            out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
+                                                     "downloadedBytes": self.weights.downloaded_bytes,
+                                                     "mbps": self.weights.throughput_mb_s},
+                                                    separators=(",", ":"))
+        return out
+
+
+def _stamp(at: float | None = None) -> str:
+    when = datetime.fromtimestamp(at, timezone.utc) if at is not None else datetime.now(timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _launch_started() -> str | None:
+    """When the launcher began (nodewarm-launch exports it): unit start -> first byte is the boot cost."""
+    try:
+        return _stamp(float(os.environ["NODEWARM_LAUNCH_STARTED"]))
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
+
+
+
+def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | None = None) -> AgentResult:
+    """Run the phases; never raises an Exception: every failure becomes the result.
+
+    ``image_wait(stop)`` waits for the serving image on this node, ``gpu_wait(stop)`` for the Node to advertise
+    the GPUs the vLLM pod requests (both need the API; run() binds them). ``live`` hears the timeline and the
+    pull's progress while they run.
+    """
+    timeline = {"agent_started": _stamp()}
+    launched = _launch_started()
+    if launched:
+        timeline["launch_started"] = launched
+    if live is not None:
+        live.timeline = timeline
+    try:
+        return _warm(cfg, timeline, image_wait, gpu_wait, live)
+    except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
+        log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
+        timeline["agent_failed"] = _stamp()
+        return AgentResult(False, "InternalError", f"the node agent failed unexpectedly: {type(e).__name__}: "
+                           f"{' '.join(str(e).split())}", timeline=timeline)
+
+
+def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None,
+             first_get: threading.Event | None = None) -> WeightsSummary:
+    """``first_get`` is set once the pull's first GET is out, or when this phase ends without one."""
+    timeline["weights_started"] = _stamp()
+
+    def heard(phase: str, snap) -> None:
+        if first_get is not None and phase == "download":
+            first_get.set()
+        if live is not None:
+            live.on_progress(phase, snap)
+
+    try:
+        # The pull makes its Progress in this thread: the listener set here is the one it calls.
+        with weights_progress.listening(heard):
+            summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
+                                                 allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
+                                                 load_check=cfg.load_check, streamer=cfg.streamer))
+    except NodewarmError:
+        timeline["weights_failed"] = _stamp()
+        raise
+    finally:
+        if first_get is not None:
+            first_get.set()
+    if summary.first_byte_at is not None:
+        timeline["first_byte"] = _stamp(summary.first_byte_at)
+    timeline["weights_done"] = _stamp()
+    return summary
+
+
+def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
+                   after: threading.Event | None = None) -> restore.RestoreResult:
+    """Restore this node's bundle; with ``after``, once it is set (or CACHE_HEAD_START_MAX_S passed)."""
+    if after is not None:
+        after.wait(CACHE_HEAD_START_MAX_S)
+    # Imported here, not with this module: the signature checks (cryptography) cost ~0.1 s the pull never needs.
+    from .compilecache import hitcheck, restore
+
+    timeline["compile_cache_started"] = _stamp()
+    if not cfg.verify_key:
+        cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
+                                      "bundles are never restored")
+    else:
+        cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
+                                         cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
+                                         node_labels=cfg.node_labels)
+    # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
+    hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
+    timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
+    log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
+    return cache
+
+
+def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
+    timeline["image_prepull_started"] = _stamp()
+    result = image_wait(stop)
+    timeline["image_prepull_done" if result.status == "pulled" else "image_prepull_ended"] = _stamp()
+    log.info("agent.image_prepull", status=result.status, reason=result.reason, message=result.message)
+    return result
+
+
+def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
+    timeline["gpus_wait_started"] = _stamp()
+    result = gpu_wait(stop)
+    timeline["gpus_advertised" if result.status == "advertised" else "gpus_wait_ended"] = _stamp()
+    return result
+
+
+def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None,
+          live: LiveProgress | None = None) -> AgentResult:
+    stop = threading.Event()  # the weights failed: stop waiting for the image and GPUs, the node is not warm anyway
+    first_get = threading.Event()
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
+        weights = pool.submit(_weights, cfg, timeline, live, first_get)
+        cache_f = pool.submit(_compile_cache, cfg, timeline, first_get) if cfg.compile_cache_uri else None
+        image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
+        gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline) if gpu_wait is not None else None
+        try:
+            summary = weights.result()
+        except NodewarmError as e:
+            stop.set()
+            log.error("agent.weights_failed", reason=e.reason, error=str(e))
+            return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}", timeline=timeline)
+        except BaseException:
+            stop.set()
+            raise
+        cache = cache_f.result() if cache_f else None
+        image = image_f.result() if image_f else None
+        gpus = gpus_f.result() if gpus_f else None
+
+    message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
+               f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")
+    if summary.unverified:
+        message += (f"; {summary.unverified} of them without an S3 checksum or MD5 ETag: SHA-256 recorded, "
+                    "not verified against S3")
+    if cache is not None:
+        message += "; " + cache.condition_message()
+    if image is not None:
+        message += "; " + image.message
+    if gpus is not None and gpus.status != "advertised":
+        # Warm all the same (gpuwait says why: Warm=False would deadlock with a plugin that waits for the lift).
+        message += f"; WARNING {gpus.reason}: {gpus.message}"
+    elif gpus is not None:
+        message += "; " + gpus.message
+    return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, gpus=gpus,
+                       timeline=timeline)
+
+
+def _write_result(state_dir: Path, result: AgentResult) -> None:
+    """The outcome, on the node's disk too (temp name, then rename): what the condition says, and more."""
+    doc = result.to_dict()
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = state_dir / (RESULT_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        os.replace(tmp, state_dir / RESULT_FILE)
+    except OSError as e:  # a full or read-only disk must not stop the report
+        log.warning("agent.result_not_written", path=str(state_dir / RESULT_FILE), error=str(e))
+
+
+def image_waiter(cfg: AgentConfig, api_client):
+    """The image phase bound to this node (None: the profile names no serving image to pre-pull)."""
+    if not cfg.serving_image or api_client is None:
+        return None
+    from .imageprepull import wait_for_image
+
+    return lambda stop: wait_for_image(api_client, cfg.node_name, cfg.serving_image, namespace=cfg.prepull_namespace,
+                                       profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
+
+
+def gpu_waiter(cfg: AgentConfig, api_client):
+    """The GPU phase bound to this node (None: no API to read the Node with)."""
+    if api_client is None:
+        return None
+    from .gpuwait import wait_for_gpus
+
+    return lambda stop: wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
+                                      taint_key=cfg.readiness_taint, stop=stop)
+
+
+def report(api_client, cfg: AgentConfig, result: AgentResult, extra: dict[str, str] | None = None) -> None:
+    """``result`` on this node: the Warm condition, the facts, and when warm the generation it holds (a label
+    only once the startup taint is gone; the controller writes it as it lifts the taint, nodestatus says why)."""
+    from .nodestatus import report_warm
+
+    labels, annotations = None, {**result.annotations(), **(extra or {})}
+    if result.warm and cfg.generation:
+        labels = {GENERATION_LABEL: cfg.generation}
+        annotations[WARM_GENERATION_ANNOTATION] = cfg.generation
+    report_warm(api_client, cfg.node_name, result.warm, result.reason, result.message, annotations, labels,
+                startup_taint=cfg.readiness_taint or None)
+
+
+def run(cfg: AgentConfig, api_client) -> AgentResult:
+    """warm(), then report it on this node with the node's own identity."""
+    from .nodestatus import report_warm
+
+    start = time.monotonic()
+    launch = launchrecord.read(cfg.state_dir) if cfg.state_dir else None
+    if launch is not None:
+        # Said now, not only in the final result: the warm-up that follows can take many minutes.
+        log.warning("agent.launch_failure", **dataclasses.asdict(launch))
+        report_warm(api_client, cfg.node_name, False, launch.reason, launch.condition_message(),
+                    {LAUNCH_FAILURE_ANNOTATION: launch.annotation()})
+        launchrecord.clear(cfg.state_dir)
+    live = None
+    if api_client is not None and cfg.progress_report_s > 0:
+        from .nodestatus import report_progress
+
+        live = LiveProgress(lambda ann: report_progress(api_client, cfg.node_name, ann), cfg.progress_report_s)
+        live.start()
+    try:
+        result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client), live)
+    finally:
+        if live is not None:
+            live.stop()     # before the final report: a late progress write must not overwrite its timeline
+    if launch is not None:
+        result.timeline["launch_failed"] = launch.time
+    result.timeline[WARM_REPORTED] = _stamp()
+    if cfg.state_dir:
+        _write_result(cfg.state_dir, result)
+    report(api_client, cfg, result)
+    log.info("agent.done", warm=result.warm, reason=result.reason, seconds=round(time.monotonic() - start, 3))
+    return result

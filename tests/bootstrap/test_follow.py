@@ -1,0 +1,197 @@
+"""The node agent after its first warm (Step 7): it follows its WarmProfile and warms a new generation on a
+node that already serves, without replacing or re-tainting it, and a rolling update of the rendered Deployment
+lands new pods only on nodes labelled with the new generation. Real API server, real kube-scheduler and
+Deployment/ReplicaSet controllers, real S3, the agent with its node's kubelet identity."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+from kubernetes import config
+
+from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, profile_doc, warmprofile  # noqa: F401
+from support.bootstrap_fixtures import model_files, put_model
+from support.controller_fixtures import wait_for
+from nodewarm import generation, profile
+from nodewarm.bootstrap.follow import Follower, FollowOptions, older_pods, stale_model_dirs
+from nodewarm.controller.kube import NODES, Resource
+from nodewarm.generation import GENERATION_LABEL
+
+pytestmark = [pytest.mark.kube, pytest.mark.s3]
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+POOL = "follow-pool"
+
+
+def test_stale_dirs_are_only_the_agents_own_folders(tmp_path):
+    models = tmp_path / "models" / "p"
+    for name in ("0123456789ab", "ba9876543210", "not-a-key", "0123456789abcd"):
+        (models / name).mkdir(parents=True)
+    (models / "fedcba987654").symlink_to(tmp_path)            # a planted link is never followed or removed
+    assert [d.name for d in stale_model_dirs(models, keep="0123456789ab")] == ["ba9876543210"]
+
+
+def test_older_pods_are_the_running_ones_of_another_generation():
+    pods = [{"metadata": {"name": "old", "labels": {GENERATION_LABEL: "g1"}}, "status": {"phase": "Running"}},
+            {"metadata": {"name": "done", "labels": {GENERATION_LABEL: "g1"}}, "status": {"phase": "Succeeded"}},
+            {"metadata": {"name": "new", "labels": {GENERATION_LABEL: "g2"}}, "status": {"phase": "Pending"}}]
+    assert older_pods(pods, "g2") == ["old"]
+
+
+class Running:
+    """A Follower in a thread, as the systemd unit or the DaemonSet runs it."""
+
+    def __init__(self, kube, tmp_path, node: str, name: str, once: bool = False):
+        api = config.new_client_from_config(config_file=str(node_kubeconfig(kube, tmp_path, node)))
+        self.mount = tmp_path / f"nvme-{node}"
+        self.mount.mkdir(exist_ok=True)
+        self.stop = threading.Event()
+        self.follower = Follower(api, FollowOptions(profile=name, mount=self.mount, node_name=node, load_check=False,
+                                                    once=once, watch_timeout_s=5, poll_s=0.2, retry_s=30), self.stop)
+        self.thread = threading.Thread(target=self.follower.run, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the agent did not stop"
+
+
+def serving_node(k, fresh_node, name: str, gpus: int):
+    """A node that already serves: registered, Ready, GPUs allocatable, no startup taint left."""
+    fresh_node(name, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}], labels={"karpenter.sh/nodepool": POOL})
+    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    k.request("PATCH", NODES.path(name, sub="status"), body={"status": {"conditions": [ready], "capacity": res,
+                                                                          "allocatable": res}},
+              content_type="application/strategic-merge-patch+json")
+    # The API server adds node.kubernetes.io/not-ready at creation; the node lifecycle controller (not run
+    # here) lifts it once Ready, as on a real cluster.
+    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
+
+
+def label(k, node):
+    return (k.get(NODES, node)["metadata"].get("labels") or {}).get(GENERATION_LABEL)
+
+
+def warm_cond(k, node):
+    # The agent writes labels and annotations first, the condition last: wait for it.
+    return wait_for(lambda: next((c for c in k.get(NODES, node)["status"].get("conditions") or ()
+                                  if c["type"] == "nodewarm.io/Warm"), None), 30, what="the Warm condition")
+
+
+def gen_of(doc) -> str:
+    return generation.generation(profile.from_dict(doc))
+
+
+def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when_no_pod_uses_them(
+        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
+    v1 = profile_doc("follow-a", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=1)),
+                     **{"bootstrap.allowNonNvme": True, "nodes.nodePool": POOL, "serving.tensorParallelSize": 1})
+    v2 = copy.deepcopy(v1)
+    v2["spec"]["model"]["uri"] = put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=2))
+    v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
+    serving_node(k, fresh_node, "node-3", gpus=2)
+    warmprofile(v1)
+    kubelet_pulls(v1, "node-3")
+    agent = Running(kube, tmp_path, "node-3", "follow-a")
+    try:
+        wait_for(lambda: label(k, "node-3") == gen_of(v1), 30, what="node labelled with generation 1")
+        first = warm_cond(k, "node-3")
+        assert first["status"] == "True"
+        models = agent.mount / "nodewarm" / "models" / "follow-a"
+        old_dir = models / generation.model_key(profile.from_dict(v1))
+        assert (old_dir / "config.json").exists()
+        # A pod of generation 1 still runs here: its weights must stay.
+        k.create(PODS, {"metadata": {"name": "follow-a-old", "labels": {"nodewarm.io/profile": "follow-a",
+                                                                        GENERATION_LABEL: gen_of(v1)}},
+                        "spec": {"nodeName": "node-3", "containers": [{"name": "c", "image": "pause"}]}}, "default")
+
+        warmprofile(v2)
+        kubelet_pulls(v2, "node-3")     # the DaemonSet rolls its pod to the new image; the kubelet pulls it
+        wait_for(lambda: label(k, "node-3") == gen_of(v2), 30, what="node relabelled with generation 2")
+        new_dir = models / generation.model_key(profile.from_dict(v2))
+        assert (new_dir / "config.json").exists() and old_dir.exists()
+        now = warm_cond(k, "node-3")
+        # Never not-Warm while serving, never re-tainted.
+        assert now["status"] == "True" and now["lastTransitionTime"] == first["lastTransitionTime"]
+        assert [t["key"] for t in k.get(NODES, "node-3")["spec"]["taints"]] == ["nvidia.com/gpu"]
+        assert k.get(NODES, "node-3")["metadata"]["annotations"]["nodewarm.io/rewarm"] == f"{gen_of(v2)} done"
+
+        # Gone for good (no kubelet here to finish a graceful deletion; a terminating pod still counts).
+        k.request("DELETE", PODS.path("follow-a-old", "default"), body={"gracePeriodSeconds": 0})
+        wait_for(lambda: not old_dir.exists(), 30, what="old weights removed once no pod of generation 1 runs")
+        assert new_dir.exists()
+    finally:
+        agent.close()
+        try:
+            k.request("DELETE", PODS.path("follow-a-old", "default"), body={"gracePeriodSeconds": 0})
+        except Exception:
+            pass
+
+
+@pytest.fixture(scope="session")
+def scheduling(kube):
+    """The real kube-scheduler and the Deployment/ReplicaSet controllers on the session's API server."""
+    from nodewarm_dev.testenv import kube as kubeenv
+
+    kubeenv.start_controller_manager(kube)
+    kubeenv.start_scheduler(kube)
+    return kube
+
+
+def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generation(
+        scheduling, kube, k, admin, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
+    from nodewarm.kubeapply import apply
+    from nodewarm.nodeclasses import vllm
+
+    ns = "follow-roll"
+    try:
+        k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
+    except Exception:
+        pass
+    v1 = profile_doc("follow-r", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=3)),
+                     **{"bootstrap.allowNonNvme": True, "nodes.nodePool": POOL, "serving.tensorParallelSize": 1,
+                        "serving.replicas": 2, "serving.namespace": ns, "model.sizeGB": 0.002})
+    v2 = copy.deepcopy(v1)
+    v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
+    serving_node(k, fresh_node, "node-3", gpus=4)       # its agent warmed once and is not following (stays gen 1)
+    serving_node(k, fresh_node, "node-4", gpus=4)       # its agent follows the profile
+    warmprofile(v1)
+    kubelet_pulls(v1, "node-3")
+    kubelet_pulls(v1, "node-4")
+    once = Running(kube, tmp_path, "node-3", "follow-r", once=True)
+    once.thread.join(60)
+    agent = Running(kube, tmp_path, "node-4", "follow-r")
+    try:
+        wait_for(lambda: label(k, "node-3") == label(k, "node-4") == gen_of(v1), 30, what="both nodes on generation 1")
+        apply(admin, [vllm.deployment(profile.from_dict(v1))])
+        wait_for(lambda: len(bound(k, ns, gen_of(v1))) == 2, 60, what="two generation-1 pods bound")
+
+        warmprofile(v2)
+        kubelet_pulls(v2, "node-4")
+        wait_for(lambda: label(k, "node-4") == gen_of(v2), 30, what="the following node relabelled")
+        assert label(k, "node-3") == gen_of(v1)
+        apply(admin, [vllm.deployment(profile.from_dict(v2))])
+        new = wait_for(lambda: bound(k, ns, gen_of(v2)), 60, what="a generation-2 pod bound")
+        assert set(new.values()) == {"node-4"}, new
+        # The scheduler had room on node-3 too (4 GPUs, at most 2 taken by generation-1 pods): only the
+        # generation label kept the new pods off it.
+        assert list(bound(k, ns, gen_of(v1)).values()).count("node-3") <= 2
+        pending = [p for p in k.list(PODS, ns)["items"]
+                   if p["metadata"]["labels"].get(GENERATION_LABEL) == gen_of(v2) and not p["spec"].get("nodeName")]
+        assert not pending or all(p["spec"]["nodeSelector"][GENERATION_LABEL] == gen_of(v2) for p in pending)
+    finally:
+        agent.close()
+        try:
+            k.request("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/follow-r-vllm")
+        except Exception:
+            pass
+        for p in k.list(PODS, ns)["items"]:
+            k.request("DELETE", PODS.path(p["metadata"]["name"], ns), body={"gracePeriodSeconds": 0})
+
+
+def bound(k, ns: str, gen: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in k.list(PODS, ns)["items"]
+            if (p["metadata"].get("labels") or {}).get(GENERATION_LABEL) == gen and p["spec"].get("nodeName")}

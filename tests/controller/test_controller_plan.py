@@ -1,0 +1,426 @@
+"""Pure planning and the work queue: no servers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import pytest
+
+from nodewarm import profile
+from nodewarm.controller import plan as planner
+from nodewarm.controller.model import (
+    STATE_ANNOTATION, ClaimView, NodeView, WarmState, fmt_time, label_value, parse_time,
+)
+from nodewarm.controller.workqueue import WorkQueue
+from support.profiles import v
+
+T0 = 1_800_000_000.0
+TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
+GPU = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+OTHER = {"key": "example.com/other", "value": "x", "effect": "NoExecute"}
+
+
+def prof(**kw):
+    return profile.from_dict(v(**{"metadata__name": "p1", **kw}))
+
+
+def claim_obj(registered: float | None = T0, deleting: bool = False) -> dict:
+    conds = [{"type": "Launched", "status": "True", "lastTransitionTime": fmt_time(T0 - 60)}]
+    if registered is not None:
+        conds.append({"type": "Registered", "status": "True", "lastTransitionTime": fmt_time(registered)})
+    md = {"name": "c1", "uid": "u-c1", "labels": {"karpenter.sh/nodepool": "gpu-p5"},
+          "creationTimestamp": fmt_time(T0 - 70)}
+    if deleting:
+        md["deletionTimestamp"] = fmt_time(T0)
+    return {"metadata": md, "spec": {"startupTaints": [TAINT]},
+            "status": {"providerID": "aws:///z/i-1", "conditions": conds}}
+
+
+def node_obj(taints=(GPU, TAINT, OTHER), warm: str | None = "True", annotations: dict | None = None) -> dict:
+    conds = [{"type": "Ready", "status": "True"}]
+    if warm is not None:
+        conds.append({"type": "nodewarm.io/Warm", "status": warm, "reason": "WeightsVerified", "message": "ok",
+                      "lastTransitionTime": fmt_time(T0 + 30)})
+    md = {"name": "n1", "uid": "u-n1", "labels": {"karpenter.sh/nodepool": "gpu-p5"}, "creationTimestamp": fmt_time(T0)}
+    if annotations is not None:
+        md["annotations"] = annotations
+    return {"metadata": md, "spec": {"providerID": "aws:///z/i-1", "taints": [dict(t) for t in taints]},
+            "status": {"conditions": conds}}
+
+
+def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
+    """Just enough RFC 6902 (test/add/remove) to check what the server would do with our ops."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = doc
+        for p in parents:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        key = int(leaf) if isinstance(target, list) else leaf
+        if op["op"] == "test":
+            assert target[key] == op["value"], f"test failed at {op['path']}"
+        elif op["op"] == "remove":
+            del target[key]
+        elif op["op"] == "add":
+            if isinstance(target, list):
+                target.insert(key, op["value"])
+            else:
+                target[key] = op["value"]
+    return doc
+
+
+def plan(node=None, claim=None, p=None, now=T0 + 31):
+    c = ClaimView.from_obj(claim or claim_obj())
+    n = NodeView.from_obj(node) if node is not None else None
+    return planner.plan_claim(c, n, p if p is not None else prof(), now)
+
+
+def test_warm_node_plan_removes_only_the_readiness_taint_and_records_in_one_patch():
+    node = node_obj(annotations={"nodewarm.io/compile-cache": "miss", "nodewarm.io/compile-cache-reason": "no key"})
+    pl = plan(node)
+    assert pl.action == planner.UNTAINT
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    labels = after["metadata"]["labels"]
+    assert labels["nodewarm.io/warm"] == "true" and labels["nodewarm.io/compile-cache"] == "miss"
+    assert labels["karpenter.sh/nodepool"] == "gpu-p5"
+    state = WarmState.from_json(after["metadata"]["annotations"][STATE_ANNOTATION])
+    assert state.decision == "Untainted" and state.node_claim == "c1"
+    assert parse_time(state.warm) == T0 + 30
+    assert {e.kind for e in pl.events} == {"Node", "NodeClaim"} and all(e.reason == "Untainted" for e in pl.events)
+    assert "compile cache miss (no key)" in pl.events[0].message
+    assert dict(pl.durations)["warm_to_untaint"] == pytest.approx(1.0)
+    assert dict(pl.durations)["launch_to_register"] == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize("reported, label", [("restored", "unknown"), ("cold", "cold"), ("hit", "hit"), ("miss", "miss"),
+                                              ("surprise", "unknown")])
+def test_compile_cache_outcome_label_takes_only_known_values(reported, label):
+    after = apply_json_patch(node := node_obj(annotations={"nodewarm.io/compile-cache": reported}),
+                             list(plan(node).node_ops))
+    assert after["metadata"]["labels"]["nodewarm.io/compile-cache"] == label
+
+
+@pytest.mark.parametrize("recorded, label", [("4f2a9c1e0b7d3a65", "4f2a9c1e0b7d3a65"), ("not-a-generation", None),
+                                              (None, None)])
+def test_the_generation_the_agent_warmed_is_labelled_in_the_write_that_lifts_the_taint(recorded, label):
+    """One node event that makes the vLLM pods fit (label and taint together): no failed scheduling try, and no
+    back-off, between them. An odd annotation labels nothing."""
+    ann = {"nodewarm.io/warm-generation": recorded} if recorded else {}
+    node = node_obj(annotations=ann)
+    pl = plan(node)
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    assert after["metadata"]["labels"].get("nodewarm.io/generation") == label
+
+
+def test_a_deadline_untaint_labels_the_profiles_generation_and_marks_the_node_cold():
+    """onDeadline=untaint must let the vLLM pods land (they select the profile's generation label): the label
+    of the profile, never a generation the agent recorded (it did not finish), with the cold marks beside it in
+    the same write, and an Event that says what happens: the pod streams from S3."""
+    from nodewarm.generation import generation
+
+    node = node_obj(warm="False", annotations={"nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
+    pl = plan(node, now=T0 + 21 * 60)
+    assert pl.action == planner.UNTAINT and pl.deadline == "untaint"
+    after = apply_json_patch(node, list(pl.node_ops))
+    labels = after["metadata"]["labels"]
+    assert labels["nodewarm.io/generation"] == generation(prof()) != "4f2a9c1e0b7d3a65"
+    assert (labels["nodewarm.io/warm"], labels["nodewarm.io/compile-cache"]) == ("cold", "cold")
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    ev = next(e for e in pl.events if e.kind == "Node")
+    # What the pod's start script will do (nodeclasses/servestart.py): no identity that reads S3 here, so it waits.
+    assert ev.reason == "WarmDeadlineUntaint" and "waits for the agent's copy" in ev.message
+    assert generation(prof()) in ev.message and "will load the model cold" not in ev.message
+    streaming = prof(spec__compileCache__verifyKey="A" * 43 + "=", spec__aws__identity="podIdentity",
+                     spec__aws__clusterName="c", spec__aws__publisherRoleArn="arn:aws:iam::111122223333:role/pub",
+                     spec__compileCache__publisher={"image": "registry.example/vllm-nodewarm:1", "signingKeySecret": "k"})
+    ev = next(e for e in plan(node, p=streaming, now=T0 + 21 * 60).events if e.kind == "Node")
+    assert "streams the model from S3 (cold" in ev.message
+
+
+def test_the_guard_refuses_a_changed_taint_list():
+    node = node_obj()
+    pl = plan(node)
+    moved = node_obj(taints=(OTHER, GPU, TAINT))
+    with pytest.raises(AssertionError, match="test failed"):
+        apply_json_patch(moved, list(pl.node_ops))
+
+
+def test_duplicate_entries_of_our_key_all_go_highest_index_first():
+    node = node_obj(taints=(TAINT, GPU, {**TAINT, "effect": "NoExecute"}))
+    after = apply_json_patch(node, list(plan(node).node_ops))
+    assert after["spec"]["taints"] == [GPU]
+
+
+def test_node_without_annotations_or_labels_gets_whole_maps():
+    node = node_obj()
+    node["metadata"].pop("labels")
+    after = apply_json_patch(node, list(plan(node).node_ops))
+    assert STATE_ANNOTATION in after["metadata"]["annotations"] and after["metadata"]["labels"]["nodewarm.io/warm"] == "true"
+
+
+def test_not_warm_yet_requeues_at_the_deadline():
+    pl = plan(node_obj(warm=None), now=T0 + 100)
+    assert pl.action == planner.NONE and pl.requeue_after == pytest.approx(20 * 60 - 100)
+    assert [c.reason for c in pl.conditions] == ["NodeFound", "Warming", "WithinDeadline"]
+    failed = plan(node_obj(warm="False"), now=T0 + 100)
+    assert failed.action == planner.NONE and failed.conditions[1].reason == "WeightsVerified"
+
+
+@pytest.mark.parametrize("on_deadline,action,taint_left,reason", [
+    ("untaint", planner.UNTAINT, False, "WarmDeadlineUntaint"),
+    ("replace", planner.DELETE_CLAIM, True, "WarmDeadlineReplace"),
+    ("keep", planner.RECORD, True, "WarmDeadlineKeep"),
+])
+def test_deadline_actions(on_deadline, action, taint_left, reason):
+    node = node_obj(warm=None)
+    pl = plan(node, p=prof(spec__readiness__onDeadline=on_deadline, spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.action == action and {e.reason for e in pl.events} == {reason}
+    assert all(e.type == "Warning" for e in pl.events)
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert (TAINT in after["spec"]["taints"]) is taint_left
+    if on_deadline == "untaint":
+        assert after["metadata"]["labels"]["nodewarm.io/warm"] == "cold"
+
+
+def test_recorded_or_already_untainted_nodes_are_left_alone():
+    done = apply_json_patch(node_obj(), list(plan(node_obj()).node_ops))
+    assert plan(done).action == planner.NONE
+    kept = apply_json_patch(node_obj(warm=None), list(plan(node_obj(warm=None), p=prof(spec__readiness__onDeadline="keep"),
+                                                            now=T0 + 3600).node_ops))
+    # A record stops a second "keep" event after a restart, even though the taint is still there.
+    assert plan(kept, p=prof(spec__readiness__onDeadline="keep"), now=T0 + 7200).action == planner.NONE
+    assert plan(node_obj(taints=(GPU,))).action == planner.NONE
+
+
+def test_unbound_deleting_or_nodeless_claims_do_nothing():
+    c = ClaimView.from_obj(claim_obj())
+    assert planner.plan_claim(c, NodeView.from_obj(node_obj()), None, T0).action == planner.NONE
+    assert plan(node_obj(), claim=claim_obj(deleting=True)).action == planner.NONE
+    nodeless = plan(None)
+    assert nodeless.action == planner.NONE and nodeless.conditions[0].reason == "NodeNotFound"
+    assert plan(None, claim=claim_obj(registered=None)).conditions[0].reason == "NotRegistered"
+
+
+def test_state_roundtrip_and_garbage():
+    s = WarmState("p", "c", "Untainted", decided=fmt_time(T0))
+    assert WarmState.from_json(s.to_json()) == s
+    assert WarmState.from_json("{not json") is None and WarmState.from_json(json.dumps({"x": 1})) is None
+
+
+def test_label_values_are_valid():
+    assert label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
+    assert len(label_value("x" * 100)) == 63
+    assert planner.model_label(prof(spec__model__revision="r1")) == "qwen3-35b-r1"
+
+
+def test_workqueue_dedupes_and_never_hands_one_key_to_two_workers():
+    q = WorkQueue()
+    q.add("a")
+    q.add("a")
+    q.add("b")
+    assert len(q) == 2
+    assert q.get(0.1) == "a"
+    q.add("a")                       # re-added while processing: queued again only after done()
+    assert q.get(0.1) == "b"
+    assert q.get(0.05) is None
+    q.done("a")
+    assert q.get(0.1) == "a"
+
+
+def test_workqueue_delays_and_backoff():
+    q = WorkQueue(base_delay_s=0.05)
+    assert q.retry("k") == pytest.approx(0.05)
+    assert q.retry("k") == pytest.approx(0.1)
+    q.forget("k")
+    assert q.retry("k") == pytest.approx(0.05)
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.get(2)))
+    t.start()
+    t.join(3)
+    assert got == ["k"]
+    q.add_after("later", 0.05)
+    assert q.get(0.01) is None
+    assert q.get(2) == "later"
+    q.shutdown()
+    assert q.get(5) is None
+
+
+# -- deadline actions: guards, keep that still lifts, replace that is never pointless ----------------------
+
+def test_deadline_plans_carry_uid_and_resource_version_guards_the_warm_path_only_uid():
+    node = node_obj(warm=None)
+    node["metadata"]["resourceVersion"] = "41"
+    pl = plan(node, p=prof(spec__readiness__onDeadline="untaint", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.deadline == "untaint"
+    assert pl.node_ops[:2] == ({"op": "test", "path": "/metadata/uid", "value": "u-n1"},
+                               {"op": "test", "path": "/metadata/resourceVersion", "value": "41"})
+    moved = copy.deepcopy(node)
+    moved["metadata"]["resourceVersion"] = "42"          # anything happened to the node since the live read
+    with pytest.raises(AssertionError, match="test failed"):
+        apply_json_patch(moved, list(pl.node_ops))
+    warm = node_obj()
+    warm["metadata"]["resourceVersion"] = "41"
+    ops = plan(warm).node_ops
+    assert ops[0] == {"op": "test", "path": "/metadata/uid", "value": "u-n1"}
+    assert not any(o["path"] == "/metadata/resourceVersion" for o in ops)   # cache-driven: heartbeats must not conflict
+
+
+def test_keep_does_not_end_handling_a_late_warm_still_lifts_the_taint():
+    keep = prof(spec__readiness__onDeadline="keep", spec__readiness__deadline="5m")
+    kept = apply_json_patch(node_obj(warm=None), list(plan(node_obj(warm=None), p=keep, now=T0 + 301).node_ops))
+    assert WarmState.from_json(kept["metadata"]["annotations"][STATE_ANNOTATION]).decision == "DeadlineKeep"
+    still = plan(kept, p=keep, now=T0 + 400)
+    assert still.action == planner.NONE and still.requeue_after is None    # no second keep event; waits for the node
+    late = copy.deepcopy(kept)
+    late["status"]["conditions"].append({"type": "nodewarm.io/Warm", "status": "True", "reason": "WeightsVerified",
+                                         "message": "ok", "lastTransitionTime": fmt_time(T0 + 500)})
+    pl = plan(late, p=keep, now=T0 + 501)
+    assert pl.action == planner.UNTAINT and pl.deadline == ""
+    after = apply_json_patch(late, list(pl.node_ops))
+    assert TAINT not in after["spec"]["taints"]
+    assert WarmState.from_json(after["metadata"]["annotations"][STATE_ANNOTATION]).decision == "Untainted"
+    assert "after its deadline" in pl.events[0].message
+    assert plan(after, p=keep, now=T0 + 600).action == planner.NONE     # and that is the end of it
+
+
+@pytest.mark.parametrize("reason", sorted(planner.UNFIXABLE_REASONS))
+def test_replace_is_not_tried_for_failures_a_new_node_would_repeat(reason):
+    node = node_obj(warm="False")
+    node["status"]["conditions"][-1]["reason"] = reason
+    pl = plan(node, p=prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.action == planner.RECORD and pl.deadline == "not_replaced"
+    assert {e.reason for e in pl.events} == {"WarmDeadlineNotReplaced"} and reason in pl.events[0].message
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert TAINT in after["spec"]["taints"]
+
+
+def test_replace_for_a_failure_a_new_node_may_not_repeat():
+    node = node_obj(warm="False")
+    node["status"]["conditions"][-1]["reason"] = "S3Unavailable"
+    pl = plan(node, p=prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m"), now=T0 + 301)
+    assert pl.action == planner.DELETE_CLAIM and pl.deadline == "replace"
+
+
+def test_replace_budget_backs_off_exponentially_and_opens_when_spent():
+    pol = planner.ReplacePolicy(budget=3, window_s=3600, backoff_base_s=60, backoff_max_s=1800)
+    g = planner.replace_gate("pool", (), T0, pol)
+    assert g.allowed and g.condition.status == "False"
+    g = planner.replace_gate("pool", (T0,), T0 + 30, pol)                 # 1 used: wait 60 s after it
+    assert not g.allowed and g.until == T0 + 60 and g.condition.status == "False"
+    assert planner.replace_gate("pool", (T0,), T0 + 61, pol).allowed
+    g = planner.replace_gate("pool", (T0, T0 + 61), T0 + 100, pol)        # 2 used: wait 120 s
+    assert not g.allowed and g.until == T0 + 61 + 120
+    g = planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 400, pol)    # 3 used in the last hour: open
+    assert not g.allowed and g.until == T0 + 3600
+    assert (g.condition.type, g.condition.status, g.condition.reason) == ("ReplacementsPaused", "True", "BudgetExhausted")
+    assert "pool" in g.condition.message
+    assert planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
+    off = planner.replace_gate("pool", (), T0, planner.ReplacePolicy(budget=0))   # --replace-budget 0: never
+    assert not off.allowed and off.condition.status == "True"
+
+
+# -- the cached view is a projection --------------------------------------------------------------------
+
+def realistic_node(i: int = 0) -> dict:
+    """~30 KB like a GPU node in a real cluster: 50 images (the kubelet's cap) with 3 names each, 60
+    labels, the usual conditions."""
+    node = node_obj()
+    node["metadata"]["labels"].update({f"label-{j}.example.com/key": f"value-{j}-{i}" for j in range(60)})
+    node["metadata"]["annotations"] = {"node.alpha.kubernetes.io/ttl": "0", "csi.volume.kubernetes.io/nodeid": "{}" * 50,
+                                       "nodewarm.io/compile-cache": "hit"}
+    repo = "123456789012.dkr.ecr.us-west-2.amazonaws.com/ml-platform/inference-serving-team"
+    node["status"]["images"] = [{"names": [f"{repo}/image-{j}@sha256:{'a' * 64}", f"{repo}/image-{j}:v{j}.{i}",
+                                           f"{repo}/image-{j}:latest-build-{i}",
+                                           f"public.ecr.aws/mirror/team/image-{j}:v{j}.{i}"],
+                                 "sizeBytes": 1_000_000_000 + j} for j in range(50)]
+    node["status"]["conditions"] += [{"type": t, "status": "False", "reason": f"Kubelet{t}", "message": "x" * 200,
+                                      "lastHeartbeatTime": fmt_time(T0), "lastTransitionTime": fmt_time(T0)}
+                                     for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")]
+    node["status"]["nodeInfo"] = {k: f"{k}-value-{'x' * 40}" for k in (
+        "machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion",
+        "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture")}
+    return node
+
+
+def _deep_size(o, seen=None) -> int:
+    import sys
+    seen = seen if seen is not None else set()
+    if id(o) in seen:
+        return 0
+    seen.add(id(o))
+    n = sys.getsizeof(o)
+    if isinstance(o, dict):
+        n += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in o.items())
+    elif isinstance(o, (list, tuple, set)):
+        n += sum(_deep_size(x, seen) for x in o)
+    elif hasattr(o, "__dataclass_fields__"):
+        n += sum(_deep_size(getattr(o, f), seen) for f in o.__dataclass_fields__)
+    return n
+
+
+def test_the_cached_node_view_holds_only_the_projected_fields():
+    import dataclasses
+
+    obj = realistic_node()
+    assert len(json.dumps(obj)) > 25_000
+    view = NodeView.from_obj(obj)
+    assert {f.name for f in dataclasses.fields(NodeView)} == {
+        "name", "uid", "provider_id", "created", "deleting", "any_labels", "nodepool", "annotations",
+        "any_annotations", "taints", "warm", "resource_version"}
+    assert set(view.annotations) == {"nodewarm.io/compile-cache"}       # only ours
+    assert view.any_labels and view.any_annotations
+    assert _deep_size(view) * 10 < len(json.dumps(obj))                  # a small fraction of the object
+    # resourceVersion rides along for guards but a change only in it is no change.
+    bumped = copy.deepcopy(obj)
+    bumped["metadata"]["resourceVersion"] = "999"
+    bumped["metadata"]["labels"]["another"] = "label"
+    assert NodeView.from_obj(bumped) == view
+
+
+def test_leader_timings_must_leave_no_window_for_two_leaders():
+    from nodewarm.controller.leader import LeaderConfig
+
+    ok = LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+    assert ok.request_timeout_s < ok.renew_deadline_s       # one hung call cannot outlast the deadline
+    with pytest.raises(ValueError, match="greater than the renew deadline"):
+        LeaderConfig("ns", identity="a", lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+    with pytest.raises(ValueError, match="retry period"):
+        LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
+    with pytest.raises(ValueError, match="identity"):
+        LeaderConfig("ns", identity="")
+
+
+def test_register_to_warm_is_timed_by_the_agents_sub_second_warm_report():
+    # The agent stamps its timeline annotation when it reports Warm; the condition's transition time has whole
+    # seconds only (T0 + 30 in node_obj). The phase metric takes the agent's stamp.
+    timeline = json.dumps({"weights_done": fmt_time(T0 + 29.5), "warm_reported": fmt_time(T0 + 29.75)})
+    pl = plan(node_obj(annotations={"nodewarm.io/timeline": timeline}))
+    assert dict(pl.durations)["register_to_warm"] == pytest.approx(29.75, abs=1e-3)   # registered at T0
+
+
+@pytest.mark.parametrize("mark", ["condition", "annotation", "taint"])
+def test_a_deadline_replace_never_deletes_a_nodeclaim_karpenter_is_already_replacing(mark):
+    """Karpenter's repair (v1.15: a budgeted voluntary disruption, reason Unhealthy) or drift marks the NodeClaim
+    (DisruptionReason=True), or repair stamps the termination time, or the node carries karpenter.sh/disrupted:
+    a delete of ours would start a second replacement for one node."""
+    node, claim = node_obj(warm="False"), claim_obj()
+    node["status"]["conditions"][-1]["reason"] = "S3Unavailable"
+    if mark == "condition":
+        claim["status"]["conditions"].append({"type": "DisruptionReason", "status": "True", "reason": "Unhealthy",
+                                              "lastTransitionTime": fmt_time(T0 + 200)})
+    elif mark == "annotation":
+        claim["metadata"]["annotations"] = {"karpenter.sh/nodeclaim-termination-timestamp": "2027-01-15T10:00:00Z"}
+    else:
+        node["spec"]["taints"].append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
+    replace_ = prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m")
+    pl = plan(node, claim=claim, p=replace_, now=T0 + 301)
+    assert pl.action == planner.NONE and not pl.events and pl.requeue_after == planner.KARPENTER_RECHECK_S
+    held = pl.conditions[-1]
+    assert (held.type, held.reason) == ("Replacement", "KarpenterReplacing")
+    # Karpenter gives up (its mark goes): the deadline acts again, once.
+    assert plan(node_obj(warm="False", taints=(GPU, TAINT)), claim=claim_obj(), p=replace_,
+                now=T0 + 301).action == planner.DELETE_CLAIM

@@ -1,0 +1,1 @@
+"""What the tests share: builders of cluster objects, fixtures, the fault proxy, the checkout's paths."""

@@ -1,0 +1,87 @@
+"""The node agent's world in tests: its RBAC as rendered, its WarmProfile as an object in the real API
+server, and the agent run with a node's own kubelet identity (never admin)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from nodewarm.controller.kube import WARMPROFILES
+from nodewarm.kubeapply import apply
+from nodewarm import profile
+from nodewarm.nodeclasses import agentaccess, prepull
+from nodewarm_dev.testenv.karpenter import KarpenterSim
+from support.profiles import variant
+
+
+def profile_doc(name: str, model_uri: str, **spec_changes) -> dict:
+    """A valid WarmProfile for the agent; ``spec_changes`` maps 'serving.image' style paths to values."""
+    return variant("karpenter", **{"metadata": {"name": name}, "spec.model": {"uri": model_uri},
+                                   "spec.compileCache": {"uri": "s3://nocache-bucket/cc/"},
+                                   **{f"spec.{k}": val for k, val in spec_changes.items()}})
+
+
+@pytest.fixture(scope="session")
+def agent_rbac(admin):
+    """The RBAC `nodewarm render` emits for AL2023 nodes: group system:nodes may get/watch warmprofiles."""
+    apply(admin, agentaccess.node_rbac())
+    return admin
+
+
+@pytest.fixture
+def warmprofile(k, agent_rbac):
+    """put(doc): create or replace a WarmProfile as the user would; every one made is deleted afterwards."""
+    made = []
+
+    def put(doc: dict) -> dict:
+        name = doc["metadata"]["name"]
+        try:
+            cur = k.get(WARMPROFILES, name)
+            body = {**doc, "metadata": {**doc["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+            return k.replace(WARMPROFILES, name, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        made.append(name)
+        return k.create(WARMPROFILES, doc)
+
+    yield put
+    for name in made:
+        try:
+            k.delete(WARMPROFILES, name)
+        except ApiException:
+            pass
+
+
+def node_kubeconfig(kube, tmp_path, node: str):
+    return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
+
+
+@pytest.fixture
+def kubelet_pulls(admin):
+    """pull(doc, node): the profile's image pre-pull DaemonSet applied as rendered, then the DaemonSet
+    controller's and ``node``'s kubelet's part (nothing runs containers here): the node's pod for the current
+    template replaces any older one, and its status names the image with an imageID, as after a real pull.
+    The agent waits for exactly that before it reports Warm."""
+    from kubernetes import client
+
+    core, made = client.CoreV1Api(admin), []
+
+    def pull(doc: dict, node: str) -> dict:
+        p = profile.from_dict(doc)
+        ns, ds = p.bootstrap.namespace, prepull.daemonset_name(p.name)
+        apply(admin, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, prepull.daemonset(p)])
+        for old in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(p.name),
+                                            field_selector=f"spec.nodeName={node}").items:
+            core.delete_namespaced_pod(old.metadata.name, ns, grace_period_seconds=0)
+        pod = KarpenterSim(admin).run_daemonset_pod(node, ns, ds)
+        made.append((ns, p.name))
+        return pod
+
+    yield pull
+    for ns, name in set(made):
+        for pod in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(name)).items:
+            try:
+                core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+            except ApiException:
+                pass

@@ -1,0 +1,144 @@
+"""Helpers shared by the bootstrap tests: real safetensors files, models in the local S3 server, loop volumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+KiB = 1024
+
+
+def safetensors_bytes(tensors: dict[str, tuple[str, list[int]]], seed: int = 0) -> bytes:
+    """A valid safetensors file: 8-byte LE header length, JSON header, then the tensors' bytes."""
+    itemsize = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U8": 1}
+    header, blobs, off = {}, [], 0
+    rnd = random.Random(seed)
+    for name, (dtype, shape) in tensors.items():
+        n = itemsize[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
+        blobs.append(rnd.randbytes(n))
+        off += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+
+
+def model_files(shards: int = 3, mib_per_shard: float = 2.0, seed: int = 0) -> dict[str, bytes]:
+    """A model-like set: N safetensors shards plus the small JSON/tokenizer files vLLM reads."""
+    rows = int(mib_per_shard * 1024 * 1024 / (1024 * 4))
+    files = {f"model-{i + 1:05d}-of-{shards:05d}.safetensors":
+             safetensors_bytes({f"layers.{i}.weight": ("F32", [rows, 1024]), f"layers.{i}.bias": ("F16", [1024])},
+                               seed=seed * 100 + i)
+             for i in range(shards)}
+    files["config.json"] = json.dumps({"architectures": ["TestForCausalLM"], "seed": seed}).encode()
+    files["tokenizer.json"] = b'{"version": "1.0"}'
+    files["tokenizer_config.json"] = b"{}"
+    return files
+
+
+def new_bucket() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def put_model(server, files: dict[str, bytes], prefix: str = "models/test/", bucket: str | None = None) -> str:
+    """Lay files into the rclone server's directory and wait until S3 lists them. Returns the s3:// URI."""
+    bucket = bucket or new_bucket()
+    root = server.data_dir / bucket / prefix
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    client = server.client()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0)
+        except Exception:  # noqa: BLE001 - bucket not visible yet
+            listed = 0
+        if listed >= len(files):
+            break
+        time.sleep(0.2)
+    return f"s3://{bucket}/{prefix}"
+
+
+@contextmanager
+def loop_volume(work: Path, size_mib: int, fstype: str = "ext4") -> Iterator[Path]:
+    """A real, small filesystem on a loop device (for free-space checks and a genuine ENOSPC)."""
+    if os.geteuid() != 0 or not shutil.which("losetup") or not shutil.which(f"mkfs.{fstype}"):
+        pytest.skip(f"needs root, losetup and mkfs.{fstype} to loop-mount a small volume")
+    image, mnt = work / f"vol.{fstype}.img", work / "vol"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(size_mib * 1024 * 1024)
+    mkfs = [f"mkfs.{fstype}", "-q"] + (["-m", "0"] if fstype == "ext4" else []) + [str(image)]
+    subprocess.run(mkfs, check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False, capture_output=True)
+        image.unlink(missing_ok=True)
+
+
+def point_aws_env(server, monkeypatch) -> None:
+    """The standard AWS environment pointed at ``server``, for the test's duration."""
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+
+
+def cache_store(server, monkeypatch, uri: str):
+    """A compile-cache store as the agent and the publisher make it: its own S3 client from the AWS
+    environment (here pointed at ``server``), so the tests run with the client settings a node has."""
+    from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
+
+    point_aws_env(server, monkeypatch)
+    return CacheStore(parse_uri(uri))
+
+
+def proxied(server, monkeypatch):
+    """For fixtures: a fault proxy in front of ``server``, with the AWS environment pointing at it."""
+    from support.faultproxy import FaultProxy
+
+    p = FaultProxy(server.endpoint)
+    point_aws_env(server, monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    """A fault proxy in front of the rclone server, with the AWS environment pointing at it."""
+    yield from proxied(s3, monkeypatch)
+
+
+def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, **pull):
+    """warm_weights as tests use it: not on NVMe here, no headroom, small parts, fast bounded retries."""
+    from nodewarm.bootstrap.weights.capacity import Headroom
+    from nodewarm.bootstrap.s3client import RetryPolicy
+    from nodewarm.bootstrap.weights import WeightsConfig, warm_weights
+    from nodewarm.bootstrap.weights.loadcheck import StreamerTuning
+
+    overrides = {"concurrency": 4, "part_size": 512 * KiB, "stall_timeout_s": 1.0, "connect_timeout_s": 2.0,
+                 "request_timeout_s": 10.0, "retry": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.05), **pull}
+    return warm_weights(WeightsConfig(uri=uri, dest=dest, allow_non_nvme=True, headroom=Headroom(0, 0),
+                                      load_check=load_check, progress_interval_s=0.5, pull_overrides=overrides,
+                                      streamer=StreamerTuning() if stream_check else None))
+
+
+def visible_files(dest: Path) -> dict[str, bytes]:
+    """What a loader would see under DEST: every file outside nodewarm's own .nodewarm/ folder."""
+    return {str(p.relative_to(dest)): p.read_bytes() for p in sorted(dest.rglob("*"))
+            if p.is_file() and ".nodewarm" not in p.relative_to(dest).parts}
