@@ -38,8 +38,9 @@ from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, CLEANUP_CONDITION, CLEANUP_FINALIZER,
     GENERATION_LABEL, GPUS_ANNOTATION,
     IMAGE_ANNOTATION, INSTANCE_TYPE_LABEL, LAUNCH_FAILURE_ANNOTATION, NODEPOOL_LABEL, PROGRESS_ANNOTATION, STATE_ANNOTATION,
-    TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
+    TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
+from nodewarm.api.timeline import Timeline
 
 EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (controller/events.py)
 
@@ -332,7 +333,7 @@ def _phase(claim: dict | None, node: dict | None, prof: ProfileView | None, now:
             return SERVING, parse_time(warm.get("lastTransitionTime")), warm.get("reason", ""), warm.get("message", "")
         return UNTAINTED, None, "TaintGone", f"{taint} is not on the node and nodewarm did not lift it"
     if warm.get("status") == "True":
-        since = parse_time(timeline.get(WARM_REPORTED)) or parse_time(warm.get("lastTransitionTime"))
+        since = parse_time(timeline.get(Timeline.WARM_REPORTED)) or parse_time(warm.get("lastTransitionTime"))
         return WARM, since, warm.get("reason", ""), warm.get("message", "")
     if warm.get("status") == "False":
         return FAILED, parse_time(warm.get("lastTransitionTime")), warm.get("reason", ""), warm.get("message", "")

@@ -13,8 +13,6 @@ WARM_CONDITION = "nodewarm.io/Warm"
 CACHE_ANNOTATION = "nodewarm.io/compile-cache"
 CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
 TIMELINE_ANNOTATION = "nodewarm.io/timeline"
-# The timeline's key for when the agent reported Warm (sub-second; the controller times register_to_warm by it).
-WARM_REPORTED = "warm_reported"
 WEIGHTS_ANNOTATION = "nodewarm.io/weights"
 # Set by the node agent when the launcher failed before it started (what failed, when): see bootstrap/launchrecord.py.
 LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"

@@ -29,8 +29,9 @@ from nodewarm.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
-    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WARM_REPORTED, WEIGHTS_ANNOTATION,
+    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
+from nodewarm.api.timeline import Timeline
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
 from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
@@ -226,17 +227,17 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
     the GPUs the vLLM pod requests (both need the API; run() binds them). ``live`` hears the timeline and the
     pull's progress while they run.
     """
-    timeline = {"agent_started": _stamp()}
+    timeline = {Timeline.AGENT_STARTED: _stamp()}
     launched = _launch_started()
     if launched:
-        timeline["launch_started"] = launched
+        timeline[Timeline.LAUNCH_STARTED] = launched
     if live is not None:
         live.timeline = timeline
     try:
         return _warm(cfg, timeline, image_wait, gpu_wait, live)
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
-        timeline["agent_failed"] = _stamp()
+        timeline[Timeline.AGENT_FAILED] = _stamp()
         return AgentResult(False, "InternalError", f"the node agent failed unexpectedly: {type(e).__name__}: "
                            f"{' '.join(str(e).split())}", timeline=timeline)
 
@@ -244,7 +245,7 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
 def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None,
              first_get: threading.Event | None = None) -> WeightsSummary:
     """``first_get`` is set once the pull's first GET is out, or when this phase ends without one."""
-    timeline["weights_started"] = _stamp()
+    timeline[Timeline.WEIGHTS_STARTED] = _stamp()
 
     def heard(phase: str, snap) -> None:
         if first_get is not None and phase == "download":
@@ -259,14 +260,14 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
                                                  load_check=cfg.load_check, streamer=cfg.streamer))
     except NodewarmError:
-        timeline["weights_failed"] = _stamp()
+        timeline[Timeline.WEIGHTS_FAILED] = _stamp()
         raise
     finally:
         if first_get is not None:
             first_get.set()
     if summary.first_byte_at is not None:
-        timeline["first_byte"] = _stamp(summary.first_byte_at)
-    timeline["weights_done"] = _stamp()
+        timeline[Timeline.FIRST_BYTE] = _stamp(summary.first_byte_at)
+    timeline[Timeline.WEIGHTS_DONE] = _stamp()
     return summary
 
 
@@ -278,7 +279,7 @@ def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
     # Imported here, not with this module: the signature checks (cryptography) cost ~0.1 s the pull never needs.
     from .compilecache import hitcheck, restore
 
-    timeline["compile_cache_started"] = _stamp()
+    timeline[Timeline.COMPILE_CACHE_STARTED] = _stamp()
     if not cfg.verify_key:
         cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
                                       "bundles are never restored")
@@ -288,23 +289,23 @@ def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
                                          node_labels=cfg.node_labels)
     # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
     hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
-    timeline["compile_cache_restored" if cache.status == "restored" else "compile_cache_cold"] = _stamp()
+    timeline[Timeline.COMPILE_CACHE_RESTORED if cache.status == "restored" else Timeline.COMPILE_CACHE_COLD] = _stamp()
     log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
     return cache
 
 
 def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
-    timeline["image_prepull_started"] = _stamp()
+    timeline[Timeline.IMAGE_PREPULL_STARTED] = _stamp()
     result = image_wait(stop)
-    timeline["image_prepull_done" if result.status == "pulled" else "image_prepull_ended"] = _stamp()
+    timeline[Timeline.IMAGE_PREPULL_DONE if result.status == "pulled" else Timeline.IMAGE_PREPULL_ENDED] = _stamp()
     log.info("agent.image_prepull", status=result.status, reason=result.reason, message=result.message)
     return result
 
 
 def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
-    timeline["gpus_wait_started"] = _stamp()
+    timeline[Timeline.GPUS_WAIT_STARTED] = _stamp()
     result = gpu_wait(stop)
-    timeline["gpus_advertised" if result.status == "advertised" else "gpus_wait_ended"] = _stamp()
+    timeline[Timeline.GPUS_ADVERTISED if result.status == "advertised" else Timeline.GPUS_WAIT_ENDED] = _stamp()
     return result
 
 
@@ -417,8 +418,8 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         if live is not None:
             live.stop()     # before the final report: a late progress write must not overwrite its timeline
     if launch is not None:
-        result.timeline["launch_failed"] = launch.time
-    result.timeline[WARM_REPORTED] = _stamp()
+        result.timeline[Timeline.LAUNCH_FAILED] = launch.time
+    result.timeline[Timeline.WARM_REPORTED] = _stamp()
     if cfg.state_dir:
         _write_result(cfg.state_dir, result)
     report(api_client, cfg, result)

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nodewarm.generation import generation
-from nodewarm.api.names import CACHE_OUTCOMES, CLEANUP_CONDITION, WARM_REPORTED
+from nodewarm.api.names import CACHE_OUTCOMES, CLEANUP_CONDITION
+from nodewarm.api.timeline import Timeline
 from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
 
@@ -137,7 +138,7 @@ def phase_times(claim: ClaimView, node: NodeView) -> dict[str, float | None]:
     or, failing that, the Warm condition's transition time (whole seconds)."""
     warm = None
     if node.warm is not None and node.warm.status == "True":
-        warm = parse_time(node.timeline.get(WARM_REPORTED)) or node.warm.last_transition
+        warm = parse_time(node.timeline.get(Timeline.WARM_REPORTED)) or node.warm.last_transition
     registered = claim.registered or node.created
     return {"launched": claim.launched, "registered": registered, "warm": warm}
 

@@ -17,7 +17,9 @@ from typing import Callable, TextIO
 
 from nodewarm import logs
 
-from .timeline import NodeTimeline
+from nodewarm.api.timeline import Timeline
+
+from .timeline import DemoPhase, NodeTimeline
 
 log = logs.get("demo.live")
 
@@ -46,10 +48,13 @@ def phase(s: NodeState) -> str:
         return f"failed: {s.failed}"
     if s.first_call_s is not None:
         return "serving" + (" (cache hit)" if s.cache_hit else " (cache miss)" if s.cache_hit is False else "")
-    steps = (("engine_ready", "vLLM ready, first completion"), ("pod_bound", "pod bound, serving starts"), ("taint_lifted", "taint lifted, wait for scheduler"),
-             ("warm_reported", "Warm reported, lift taint"), ("weights_done", "weights verified, report Warm"),
-             ("weights_started", "pull weights"), ("agent_started", "agent starting"),
-             ("registered", "registered, tainted"), ("launched", "launched"))
+    steps = ((DemoPhase.ENGINE_READY, "vLLM ready, first completion"),
+             (DemoPhase.POD_BOUND, "pod bound, serving starts"),
+             (DemoPhase.TAINT_LIFTED, "taint lifted, wait for scheduler"),
+             (Timeline.WARM_REPORTED, "Warm reported, lift taint"),
+             (Timeline.WEIGHTS_DONE, "weights verified, report Warm"),
+             (Timeline.WEIGHTS_STARTED, "pull weights"), (Timeline.AGENT_STARTED, "agent starting"),
+             (DemoPhase.REGISTERED, "registered, tainted"), (DemoPhase.LAUNCHED, "launched"))
     return next((words for key, words in steps if key in t), "pending")
 
 
@@ -64,10 +69,10 @@ def bar(done: int, total: int | None, width: int = BAR_WIDTH) -> str:
 
 def elapsed(s: NodeState, now: float) -> str:
     """Seconds since the node registered, stopped when it serves (the moment the demo's ratio is measured to)."""
-    start = s.times.get("registered")
+    start = s.times.get(DemoPhase.REGISTERED)
     if start is None:
         return "-"
-    served = s.times.get("first_completion", s.times.get("serving"))
+    served = s.times.get(DemoPhase.FIRST_COMPLETION, s.times.get(DemoPhase.SERVING))
     end = served if s.first_call_s is not None and served is not None else now
     return f"{max(end - start, 0.0):.1f}s"
 
@@ -102,13 +107,13 @@ def apply_agent_line(s: NodeState, doc: dict, now: float) -> None:
     ev = doc.get("event")
     if ev == "weights.listed":
         s.weights_total = int(doc.get("bytes") or 0) or s.weights_total
-        s.times.setdefault("weights_started", now)
+        s.times.setdefault(Timeline.WEIGHTS_STARTED, now)
     elif ev == "download.progress":
         s.weights_bytes = max(s.weights_bytes, int(doc.get("bytes") or 0))
     elif ev == "weights.file_ready":
-        s.times.setdefault("weights_started", now)
+        s.times.setdefault(Timeline.WEIGHTS_STARTED, now)
     elif ev == "weights.done":
-        s.times.setdefault("weights_done", now)
+        s.times.setdefault(Timeline.WEIGHTS_DONE, now)
         s.weights_total = int(doc.get("bytes") or 0) or s.weights_total
         s.weights_bytes = s.weights_total or s.weights_bytes
     elif ev == "weights.failed":
@@ -119,7 +124,7 @@ def apply_agent_line(s: NodeState, doc: dict, now: float) -> None:
         status, reason = doc.get("status"), doc.get("reason")
         s.compile_cache = "restored" if status == "restored" else f"{status} ({reason})" if reason else str(status)
     elif ev == "warm.reported" and doc.get("status") in (True, "True"):
-        s.times.setdefault("warm_reported", now)
+        s.times.setdefault(Timeline.WARM_REPORTED, now)
 
 
 def written_bytes(pid: int) -> int | None:
@@ -182,7 +187,7 @@ class LiveView:
     def agent_started(self, node: str, pid: int) -> None:
         with self._lock:
             self._pids[node] = pid
-            self.nodes[node].times.setdefault("agent_started", self.clock())
+            self.nodes[node].times.setdefault(Timeline.AGENT_STARTED, self.clock())
 
     def agent_line(self, node: str, doc: dict) -> None:
         with self._lock:
@@ -206,7 +211,7 @@ class LiveView:
             for n, s in self.nodes.items():
                 s.times.update(self.timelines[n].times)
                 pid = self._pids.get(n)
-                if pid and s.weights_total and "weights_done" not in s.times:
+                if pid and s.weights_total and Timeline.WEIGHTS_DONE not in s.times:
                     w = written_bytes(pid)
                     if w is not None:     # never shown as complete before the agent says it verified the weights
                         s.weights_bytes = max(s.weights_bytes, min(w, int(s.weights_total * 0.99)))

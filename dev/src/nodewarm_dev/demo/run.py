@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from nodewarm import logs, profile
+from nodewarm.api.timeline import Timeline
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import prepull, vllm
 from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
@@ -47,7 +48,7 @@ from nodewarm.sizing import GB
 
 from . import engine as vllm_engine
 from . import live, seed, servers, timeline
-from .timeline import NodeTimeline
+from .timeline import DemoPhase, NodeTimeline
 
 log = logs.get("demo")
 
@@ -335,8 +336,8 @@ class Watcher:
             if tl is None:
                 return
             keys = {t.key for t in node.spec.taints or ()}
-            if "registered" in tl.times and self.taint_key not in keys:
-                tl.mark("taint_lifted", time.time())
+            if DemoPhase.REGISTERED in tl.times and self.taint_key not in keys:
+                tl.mark(DemoPhase.TAINT_LIFTED, time.time())
 
         self._loop(client.CoreV1Api(self.api).list_node, handle)
 
@@ -348,7 +349,7 @@ class Watcher:
             if node and pod.metadata.name not in self.bound:
                 self.bound[pod.metadata.name] = node
                 if node in self.timelines:
-                    self.timelines[node].mark("pod_bound", time.time())
+                    self.timelines[node].mark(DemoPhase.POD_BOUND, time.time())
 
         self._loop(client.CoreV1Api(self.api).list_namespaced_pod, handle, namespace=NAMESPACE)
 
@@ -611,13 +612,15 @@ def serve_warm_nodes(admin, serving: Serving, p: profile.WarmProfile, names: tup
                      work: Path, timelines: dict[str, NodeTimeline], view: live.LiveView) -> dict[str, vllm_engine.Served]:
     """Each bound replica's pod, one at a time in bind order, its phases placed after its own bind."""
     out = {}
-    for n in sorted((n for n in names if "pod_bound" in timelines[n].times), key=lambda n: timelines[n].times["pod_bound"]):
+    for n in sorted((n for n in names if DemoPhase.POD_BOUND in timelines[n].times),
+                   key=lambda n: timelines[n].times[DemoPhase.POD_BOUND]):
         tl = timelines[n]
         served = vllm_engine.serve(bound_pod(admin, n), serving.env(roots[n], work / "pods" / n), serving.port,
                                    p.name, with_publisher=True, wait_for="verdict")
-        shift = tl.times["pod_bound"] - served.started      # <= 0: how long this pod waited for the engine before
-        tl.mark("engine_ready", served.ready + shift)
-        tl.mark("first_completion", served.first_completion + shift)
+        # <= 0: how long this pod waited for the engine before
+        shift = tl.times[DemoPhase.POD_BOUND] - served.started
+        tl.mark(DemoPhase.ENGINE_READY, served.ready + shift)
+        tl.mark(DemoPhase.FIRST_COMPLETION, served.first_completion + shift)
         outcome = node_cache_outcome(admin, n)
         ev = served.evidence
         hit = outcome == "hit" and ev.verdict() not in ("recompiled", "compiled")
@@ -724,9 +727,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         c = sim.create_nodeclaim(p.nodes.node_pool)
         claims[n] = c["metadata"]["name"]
         sim.launch(claims[n])
-        timelines[n].mark("launched", time.time())
+        timelines[n].mark(DemoPhase.LAUNCHED, time.time())
     for n in names:
-        timelines[n].mark("registered", register(sim, claims[n], n))
+        timelines[n].mark(DemoPhase.REGISTERED, register(sim, claims[n], n))
         mounts[n].mkdir(parents=True, exist_ok=True)
         # No container runtime here: the serving image's pre-pull pod is "pulled" at once by the stand-in
         # kubelet; on a real node that pull overlaps the weights and the compile-cache restore.
@@ -742,8 +745,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         for n, f in futures.items():
             reports[n] = f.result()
             tl, r = timelines[n], reports[n]["timeline"]
-            for phase in ("weights_started", "first_byte", "weights_done", "compile_cache_started",
-                          "compile_cache_restored", "image_prepull_started", "image_prepull_done", "warm_reported"):
+            for phase in (Timeline.WEIGHTS_STARTED, Timeline.FIRST_BYTE, Timeline.WEIGHTS_DONE,
+                          Timeline.COMPILE_CACHE_STARTED, Timeline.COMPILE_CACHE_RESTORED,
+                          Timeline.IMAGE_PREPULL_STARTED, Timeline.IMAGE_PREPULL_DONE, Timeline.WARM_REPORTED):
                 if phase in r:
                     tl.mark(phase, _epoch(r[phase]))
             w = reports[n]["weights"]
@@ -752,12 +756,12 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                             compile_cache=(reports[n]["compileCache"] or {}).get("status"))
 
     deadline = time.time() + opts.bind_timeout_s
-    while time.time() < deadline and not all("pod_bound" in t.times for t in timelines.values()):
+    while time.time() < deadline and not all(DemoPhase.POD_BOUND in t.times for t in timelines.values()):
         for n in names:
             sim.sync_initialized(claims[n])
         time.sleep(0.2)
-    lifted = sum("taint_lifted" in t.times for t in timelines.values())
-    bound = sum("pod_bound" in t.times for t in timelines.values())
+    lifted = sum(DemoPhase.TAINT_LIFTED in t.times for t in timelines.values())
+    bound = sum(DemoPhase.POD_BOUND in t.times for t in timelines.values())
     say(f"6. controller lifted the taint on {lifted}/{len(names)} nodes; scheduler bound {bound}/{len(names)} replicas")
 
     if real:
@@ -773,9 +777,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             hit = probe["counters"].get("inductor.fxgraph_cache_hit", 0) > 0
             timelines[n].facts.update(first_call_s=probe["first_call_s"], compile_cache_hit=hit)
             warm_calls[n] = probe["first_call_s"]
-            if "pod_bound" in timelines[n].times:
+            if DemoPhase.POD_BOUND in timelines[n].times:
                 # The pod's first compiled call, had it started the moment it was bound (measured just now).
-                timelines[n].mark("serving", timelines[n].times["pod_bound"] + probe["first_call_s"])
+                timelines[n].mark(DemoPhase.SERVING, timelines[n].times[DemoPhase.POD_BOUND] + probe["first_call_s"])
             view.served(n, probe["first_call_s"], hit)
     view.close()
     what = "first completion answered" if real else "first compiled call done"
@@ -789,7 +793,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         binds = baseline_scheduling(admin, sim, p, nodepool, len(names), opts.bind_timeout_s, opts.engine)
         sched_s = binds.mean_wait_s
         mean_reg_to_serve = sum(
-            (t.times.get("pod_bound", t.times["registered"]) - t.times["registered"]) + warm_calls.get(t.node, 0.0)
+            (t.times.get(DemoPhase.POD_BOUND, t.times[DemoPhase.REGISTERED]) - t.times[DemoPhase.REGISTERED])
+            + warm_calls.get(t.node, 0.0)
             for t in timelines.values()) / len(timelines)
         if real:
             base = serve_baseline(binds, admin, serving, p, storage, work)
@@ -808,11 +813,11 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                     "registered_to_serving_s": round(sched_s + pull_s + cold["first_call_s"], 3)}
         base["nodewarm_registered_to_serving_s"] = round(mean_reg_to_serve, 3)
         base["ratio"] = round(base["nodewarm_registered_to_serving_s"] / base["registered_to_serving_s"], 3)
-        lifted = [t for t in timelines.values() if "pod_bound" in t.times and "taint_lifted" in t.times]
+        lifted = [t for t in timelines.values() if DemoPhase.POD_BOUND in t.times and DemoPhase.TAINT_LIFTED in t.times]
         if lifted:
             # Apart, because this scheduler (v1.20, no queueing hints) retries the pods on the Warm condition
             # write and backs off before the taint goes; README "The warm-up's critical path".
-            nw_wait = sum(t.times["pod_bound"] - t.times["taint_lifted"] for t in lifted) / len(lifted)
+            nw_wait = sum(t.times[DemoPhase.POD_BOUND] - t.times[DemoPhase.TAINT_LIFTED] for t in lifted) / len(lifted)
             base["nodewarm_scheduler_wait_s"] = round(nw_wait, 3)
             base["ratio_without_scheduler_waits"] = round(
                 (base["nodewarm_registered_to_serving_s"] - nw_wait)

@@ -8,41 +8,58 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
+from nodewarm.api.timeline import Timeline
+
+
+class DemoPhase(StrEnum):
+    """The moments the demo records itself, around the node agent's own (``Timeline``, the agent's wire format)."""
+    LAUNCHED = "launched"
+    REGISTERED = "registered"
+    TAINT_LIFTED = "taint_lifted"
+    POD_BOUND = "pod_bound"
+    ENGINE_READY = "engine_ready"            # real vLLM: /health answers
+    FIRST_COMPLETION = "first_completion"    # real vLLM: the first /v1/completions answered
+    SERVING = "serving"                      # the probe engine: its first compiled call returned
+
+
 # Every moment the demo records; the node agent's phases run at once, so only some are ordered.
-PHASES = ("launched", "registered", "weights_started", "compile_cache_started", "image_prepull_started",
-          "first_byte", "image_prepull_done", "compile_cache_restored", "weights_done", "warm_reported",
-          "taint_lifted", "pod_bound", "engine_ready", "first_completion", "serving")
+PHASES = (DemoPhase.LAUNCHED, DemoPhase.REGISTERED, Timeline.WEIGHTS_STARTED, Timeline.COMPILE_CACHE_STARTED,
+          Timeline.IMAGE_PREPULL_STARTED, Timeline.FIRST_BYTE, Timeline.IMAGE_PREPULL_DONE,
+          Timeline.COMPILE_CACHE_RESTORED, Timeline.WEIGHTS_DONE, Timeline.WARM_REPORTED, DemoPhase.TAINT_LIFTED,
+          DemoPhase.POD_BOUND, DemoPhase.ENGINE_READY, DemoPhase.FIRST_COMPLETION, DemoPhase.SERVING)
 # What must happen in this order on a warm node; each agent phase must also end before Warm is reported.
 # With real vLLM a node serves at first_completion (its engine_ready before); with the probe at serving.
-ORDER = ("launched", "registered", "warm_reported", "taint_lifted", "pod_bound", "engine_ready", "first_completion",
-         "serving")
-SERVED = ("first_completion", "serving")
-BEFORE_WARM = ("weights_done", "compile_cache_restored", "image_prepull_done")
+ORDER = (DemoPhase.LAUNCHED, DemoPhase.REGISTERED, Timeline.WARM_REPORTED, DemoPhase.TAINT_LIFTED, DemoPhase.POD_BOUND,
+         DemoPhase.ENGINE_READY, DemoPhase.FIRST_COMPLETION, DemoPhase.SERVING)
+SERVED = (DemoPhase.FIRST_COMPLETION, DemoPhase.SERVING)
+BEFORE_WARM = (Timeline.WEIGHTS_DONE, Timeline.COMPILE_CACHE_RESTORED, Timeline.IMAGE_PREPULL_DONE)
 LABELS = {
-    "launched": "launched", "registered": "registered", "weights_started": "pull started",
-    "compile_cache_started": "restore started", "image_prepull_started": "image wait started",
-    "first_byte": "first byte", "image_prepull_done": "image pulled", "compile_cache_restored": "cache restored",
-    "weights_done": "weights done", "warm_reported": "Warm=True", "taint_lifted": "taint lifted",
-    "pod_bound": "pod bound", "engine_ready": "vLLM ready", "first_completion": "first completion",
-    "serving": "first compiled call",
+    DemoPhase.LAUNCHED: "launched", DemoPhase.REGISTERED: "registered", Timeline.WEIGHTS_STARTED: "pull started",
+    Timeline.COMPILE_CACHE_STARTED: "restore started", Timeline.IMAGE_PREPULL_STARTED: "image wait started",
+    Timeline.FIRST_BYTE: "first byte", Timeline.IMAGE_PREPULL_DONE: "image pulled",
+    Timeline.COMPILE_CACHE_RESTORED: "cache restored", Timeline.WEIGHTS_DONE: "weights done",
+    Timeline.WARM_REPORTED: "Warm=True", DemoPhase.TAINT_LIFTED: "taint lifted", DemoPhase.POD_BOUND: "pod bound",
+    DemoPhase.ENGINE_READY: "vLLM ready", DemoPhase.FIRST_COMPLETION: "first completion",
+    DemoPhase.SERVING: "first compiled call",
 }
 # The bars of the chart, named in words: (label, from, to). The agent's three overlap by design.
 SPANS = (
-    ("boot to agent start", "registered", "weights_started"),
-    ("pull weights", "weights_started", "weights_done"),
-    ("restore compile cache", "compile_cache_started", "compile_cache_restored"),
-    ("wait for serving image", "image_prepull_started", "image_prepull_done"),
-    ("report Warm, lift taint", "weights_done", "taint_lifted"),
-    ("wait for scheduler", "taint_lifted", "pod_bound"),
+    ("boot to agent start", DemoPhase.REGISTERED, Timeline.WEIGHTS_STARTED),
+    ("pull weights", Timeline.WEIGHTS_STARTED, Timeline.WEIGHTS_DONE),
+    ("restore compile cache", Timeline.COMPILE_CACHE_STARTED, Timeline.COMPILE_CACHE_RESTORED),
+    ("wait for serving image", Timeline.IMAGE_PREPULL_STARTED, Timeline.IMAGE_PREPULL_DONE),
+    ("report Warm, lift taint", Timeline.WEIGHTS_DONE, DemoPhase.TAINT_LIFTED),
+    ("wait for scheduler", DemoPhase.TAINT_LIFTED, DemoPhase.POD_BOUND),
     # Real vLLM: the pod's start to /health answering (load from NVMe, compile or load the compiled artifacts,
     # KV cache, warm-up), then the first /v1/completions answered.
-    ("engine boot (vLLM)", "pod_bound", "engine_ready"),
-    ("first completion", "engine_ready", "first_completion"),
+    ("engine boot (vLLM)", DemoPhase.POD_BOUND, DemoPhase.ENGINE_READY),
+    ("first completion", DemoPhase.ENGINE_READY, DemoPhase.FIRST_COMPLETION),
     # The probe engine's pod loads nothing (a pause container): this is the first torch.compile call alone, against
     # the restored cache. The baseline's pod pays its own weight pull as a bar of its own.
-    ("first compiled call", "pod_bound", "serving"),
+    ("first compiled call", DemoPhase.POD_BOUND, DemoPhase.SERVING),
 )
 # The no-warm baseline's bars, in order from its nodes' registration: its own row, its own colours. Each is drawn
 # when the baseline has it (the vLLM engine's or the probe's).
@@ -75,9 +92,9 @@ class NodeTimeline:
         """Moments recorded out of order (e.g. a pod bound before its node's taint was lifted)."""
         seen = [(p, self.times[p]) for p in ORDER if p in self.times]
         out = [f"{a} ({ta:.3f}) after {b} ({tb:.3f})" for (a, ta), (b, tb) in zip(seen, seen[1:]) if tb < ta]
-        warm = self.times.get("warm_reported")
+        warm = self.times.get(Timeline.WARM_REPORTED)
         if warm is not None:
-            out += [f"warm_reported ({warm:.3f}) before {p} ({self.times[p]:.3f})"
+            out += [f"{Timeline.WARM_REPORTED} ({warm:.3f}) before {p} ({self.times[p]:.3f})"
                     for p in BEFORE_WARM if p in self.times and self.times[p] > warm]
         return out
 
@@ -89,12 +106,13 @@ def relative(nodes: list[NodeTimeline]) -> tuple[float, dict[str, dict[str, floa
 
 def summary(nodes: list[NodeTimeline], baseline: dict | None = None) -> dict:
     t0, rel = relative(nodes)
-    serve = [r["pod_bound"] - r["launched"] for r in rel.values() if "pod_bound" in r and "launched" in r]
+    serve = [r[DemoPhase.POD_BOUND] - r[DemoPhase.LAUNCHED] for r in rel.values()
+             if DemoPhase.POD_BOUND in r and DemoPhase.LAUNCHED in r]
     doc = {
         "t0_epoch": t0,
         "nodes": {n.node: {"seconds": rel[n.node], "facts": n.facts, "order_violations": n.order_violations()}
                   for n in nodes},
-        "totals": {"nodes": len(nodes), "all_bound": all("pod_bound" in r for r in rel.values()),
+        "totals": {"nodes": len(nodes), "all_bound": all(DemoPhase.POD_BOUND in r for r in rel.values()),
                    "launch_to_bound_s_max": max(serve) if serve else None,
                    "launch_to_bound_s_mean": round(sum(serve) / len(serve), 3) if serve else None},
     }
@@ -107,10 +125,10 @@ def table(nodes: list[NodeTimeline]) -> str:
     """One row per node: how long each bar of the chart took (the agent's three overlap)."""
     _, rel = relative(nodes)
     cols = [(label, a, b) for label, a, b in SPANS if any(a in r and b in r for r in rel.values())]
-    end = next((p for p in SERVED if any(p in r for r in rel.values())), "serving")
+    end = next((p for p in SERVED if any(p in r for r in rel.values())), DemoPhase.SERVING)
     head = ["node"] + [label for label, _, _ in cols] + [f"registered -> {LABELS[end]}"]
     rows = [[n] + [f"{r[b] - r[a]:.1f}s" if a in r and b in r else "-" for _, a, b in cols]
-            + [f"{r[end] - r['registered']:.1f}s" if end in r and "registered" in r else "-"]
+            + [f"{r[end] - r[DemoPhase.REGISTERED]:.1f}s" if end in r and DemoPhase.REGISTERED in r else "-"]
             for n, r in rel.items()]
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -140,7 +158,7 @@ def write_png(nodes: list[NodeTimeline], path: Path, baseline: dict | None = Non
         bars = [(i, r[a], r[b]) for i, (_, a, b) in enumerate(SPANS) if a in r and b in r]
         rows.append((name, bars))
     if baseline is not None and rel:
-        start = min(r["registered"] for r in rel.values() if "registered" in r)
+        start = min(r[DemoPhase.REGISTERED] for r in rel.values() if DemoPhase.REGISTERED in r)
         bars = []
         for i, (_, key) in enumerate(BASELINE_SPANS):
             if key not in baseline:
