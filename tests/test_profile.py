@@ -6,7 +6,7 @@ import pytest
 
 from nodewarm import instancetypes, profile, sizing
 from nodewarm.errors import ProfileError
-from support.profiles import v
+from support.builders import v
 
 
 def checked(doc):

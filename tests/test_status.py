@@ -15,11 +15,11 @@ from nodewarm import status
 from nodewarm.api import names as labels
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.weights import progress as wprogress
+from support.builders import condition, node, nodeclaim, v
 from nodewarm.errors import NodewarmError
 
 NOW = datetime(2026, 12, 1, 6, 0, 0, tzinfo=timezone.utc).timestamp()
 POOL, PROFILE = "gpu-p5", "qwen3-35b"
-TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 GB = 1_000_000_000
 
 
@@ -28,59 +28,12 @@ def ts(ago: float, ms: bool = False) -> str:
     return d.isoformat(timespec="milliseconds").replace("+00:00", "Z") if ms else d.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def cond(t: str, s: str, reason: str, ago: float, message: str = "") -> dict:
-    return {"type": t, "status": s, "reason": reason, "message": message, "lastTransitionTime": ts(ago)}
+def ago(seconds: float) -> float:
+    return NOW - seconds
 
 
-def profile_obj(name=PROFILE, pool=POOL, deadline="20m", on_deadline="untaint") -> dict:
-    return {"apiVersion": "nodewarm.io/v1alpha1", "kind": "WarmProfile",
-            "metadata": {"name": name, "uid": "0d6c9d4e-5b1a-4c57-9f0a-7a0d2e8e4f11"},
-            "spec": {"model": {"uri": "s3://models-bucket/qwen3-35b/", "sizeGB": 67},
-                     "serving": {"image": "vllm/vllm-openai:v0.21.0", "tensorParallelSize": 8},
-                     "nodes": {"mode": "karpenter", "nodePool": pool, "nodeClass": pool,
-                               "instanceTypes": ["p5.48xlarge"]},
-                     "readiness": {"taintKey": TAINT["key"], "deadline": deadline, "onDeadline": on_deadline}}}
-
-
-def claim_obj(name: str, created_ago: float, launched_ago: float | None = None,
-              registered_ago: float | None = None, iid: str = "", deleting_ago: float | None = None,
-              pool=POOL) -> dict:
-    conds = [cond("Launched", "Unknown", "AwaitingReconciliation", created_ago, "object is awaiting reconciliation")]
-    status_ = {}
-    if launched_ago is not None:
-        status_ = {"providerID": f"aws:///us-west-2a/{iid or 'i-' + name[-6:]}", "imageID": "ami-0123456789abcdef0",
-                   "capacity": {"nvidia.com/gpu": "8"}}
-        conds = [cond("Launched", "True", "Launched", launched_ago),
-                 cond("Registered", "Unknown", "AwaitingReconciliation", launched_ago)]
-    if registered_ago is not None:
-        conds[1] = cond("Registered", "True", "Registered", registered_ago)
-    md = {"name": name, "uid": f"uid-{name}", "creationTimestamp": ts(created_ago), "resourceVersion": "4711",
-          "labels": {"karpenter.sh/nodepool": pool, "node.kubernetes.io/instance-type": "p5.48xlarge",
-                     "karpenter.sh/capacity-type": "on-demand"},
-          "finalizers": ["karpenter.sh/termination"]}
-    if deleting_ago is not None:
-        md["deletionTimestamp"] = ts(deleting_ago)
-    return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": md,
-            "spec": {"startupTaints": [TAINT], "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass",
-                                                                 "name": POOL}},
-            "status": {**status_, "conditions": conds}}
-
-
-def node_obj(name: str, claim: dict, created_ago: float, tainted: bool = True, warm: dict | None = None,
-             annotations: dict | None = None, labels: dict | None = None, gpus: str = "8") -> dict:
-    conds = [cond("Ready", "True", "KubeletReady", created_ago - 5, "kubelet is posting ready status")]
-    if warm:
-        conds.append(warm)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": ts(created_ago),
-                         "labels": {"karpenter.sh/nodepool": claim["metadata"]["labels"]["karpenter.sh/nodepool"],
-                                    "node.kubernetes.io/instance-type": "p5.48xlarge",
-                                    "kubernetes.io/hostname": name, **(labels or {})},
-                         "annotations": {"node.alpha.kubernetes.io/ttl": "0",
-                                         "volumes.kubernetes.io/controller-managed-attach-detach": "true",
-                                         **(annotations or {})}},
-            "spec": {"providerID": claim["status"]["providerID"], "taints": [TAINT] if tainted else []},
-            "status": {"conditions": conds, "allocatable": {"cpu": "191", "nvidia.com/gpu": gpus}}}
+def cond(t: str, s: str, reason: str, seconds_ago: float, message: str = "") -> dict:
+    return condition(t, s, reason, ago(seconds_ago), message)
 
 
 def tl(**ago) -> str:
@@ -100,8 +53,8 @@ def state_ann(decision: str, decided_ago: float, registered_ago: float, warm_ago
 def warming_pair():
     """Registered 7m48s ago (deadline 20m: 12m12s left); 43% of 60 GB pulled; cache restored, the image pre-pull
     and the GPU wait still running."""
-    c = claim_obj("gpu-p5-warming", 600, 560, 468)
-    n = node_obj("ip-10-0-1-1.ec2.internal", c, 470, annotations={
+    c = nodeclaim("gpu-p5-warming", created=ago(600), launched=ago(560), registered=ago(468))
+    n = node("ip-10-0-1-1.ec2.internal", claim=c, created=ago(470), annotations={
         "nodewarm.io/timeline": tl(agent_started=460, weights_started=459, first_byte=455,
                                    compile_cache_started=459, compile_cache_restored=440, image_prepull_started=459,
                                    gpus_wait_started=459),
@@ -111,9 +64,9 @@ def warming_pair():
 
 def warm_pair():
     """Warm=True 20s ago, taint still on: the controller has not lifted it yet."""
-    c = claim_obj("gpu-p5-warm", 900, 860, 800)
-    n = node_obj("ip-10-0-1-2.ec2.internal", c, 802, warm=cond("nodewarm.io/Warm", "True", "WeightsVerified", 20,
-                                                                  "14 files verified"), annotations={
+    c = nodeclaim("gpu-p5-warm", created=ago(900), launched=ago(860), registered=ago(800))
+    n = node("ip-10-0-1-2.ec2.internal", claim=c, created=ago(802),
+             warm=cond("nodewarm.io/Warm", "True", "WeightsVerified", 20, "14 files verified"), annotations={
         "nodewarm.io/timeline": tl(agent_started=790, weights_started=789, weights_done=25, warm_reported=20),
         "nodewarm.io/weights": json.dumps({"files": 14, "bytes": 60 * GB, "downloadedBytes": 60 * GB, "mbps": 2100}),
         "nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
@@ -121,8 +74,8 @@ def warm_pair():
 
 
 def serving_pair():
-    c = claim_obj("gpu-p5-serving", 3600, 3560, 3500)
-    n = node_obj("ip-10-0-1-3.ec2.internal", c, 3502, tainted=False,
+    c = nodeclaim("gpu-p5-serving", created=ago(3600), launched=ago(3560), registered=ago(3500))
+    n = node("ip-10-0-1-3.ec2.internal", claim=c, created=ago(3502), taints=(),
                  warm=cond("nodewarm.io/Warm", "True", "WeightsVerified", 3100, "ok"),
                  labels={"nodewarm.io/generation": "4f2a9c1e0b7d3a65", "nodewarm.io/warm": "true"}, annotations={
                      "nodewarm.io/timeline": tl(agent_started=3490, weights_started=3489, weights_done=3101,
@@ -137,8 +90,8 @@ def serving_pair():
 
 def cold_pair():
     """Registered 25m ago, deadline 20m, onDeadline=untaint: lifted cold 5m ago; the pull is still going."""
-    c = claim_obj("gpu-p5-cold", 1600, 1560, 1500)
-    n = node_obj("ip-10-0-1-4.ec2.internal", c, 1502, tainted=False,
+    c = nodeclaim("gpu-p5-cold", created=ago(1600), launched=ago(1560), registered=ago(1500))
+    n = node("ip-10-0-1-4.ec2.internal", claim=c, created=ago(1502), taints=(),
                  labels={"nodewarm.io/warm": "cold", "nodewarm.io/compile-cache": "cold"}, annotations={
                      "nodewarm.io/timeline": tl(agent_started=1490, weights_started=1489),
                      status.PROGRESS_ANNOTATION: progress_ann(50 * GB, 60 * GB),
@@ -147,23 +100,23 @@ def cold_pair():
 
 
 def failed_pair():
-    c = claim_obj("gpu-p5-failed", 400, 370, 300)
-    n = node_obj("ip-10-0-1-5.ec2.internal", c, 302, warm=cond(
+    c = nodeclaim("gpu-p5-failed", created=ago(400), launched=ago(370), registered=ago(300))
+    n = node("ip-10-0-1-5.ec2.internal", claim=c, created=ago(302), warm=cond(
         "nodewarm.io/Warm", "False", "NotInstanceStore", 280, "weights not ready: /mnt/nvme is on EBS"))
     return c, n
 
 
 def past_deadline_pair():
     """Registered 21m ago with a 20m deadline; the controller has not acted yet."""
-    c = claim_obj("gpu-p5-late", 1300, 1290, 1260)
-    n = node_obj("ip-10-0-1-6.ec2.internal", c, 1262)
+    c = nodeclaim("gpu-p5-late", created=ago(1300), launched=ago(1290), registered=ago(1260))
+    n = node("ip-10-0-1-6.ec2.internal", claim=c, created=ago(1262))
     return c, n
 
 
 def observed(*pairs, profiles=None, events=()):
     claims = [c for c, _ in pairs if c is not None]
     nodes = [n for _, n in pairs if n is not None]
-    return status.Observed(nodes=nodes, claims=claims, profiles=profiles or [profile_obj()], events=list(events))
+    return status.Observed(nodes=nodes, claims=claims, profiles=profiles or [v()], events=list(events))
 
 
 def by_name(rs):
@@ -173,9 +126,10 @@ def by_name(rs):
 # ------------------------------------------------------------------------------------------------ pure
 
 def test_each_phase_from_realistic_objects():
-    launching = (claim_obj("gpu-p5-aaaaaa", 40), None)
-    registering = (claim_obj("gpu-p5-bbbbbb", 90, 30), None)
-    replacing = (claim_obj("gpu-p5-gone", 2000, 1900, 1800, deleting_ago=15), None)
+    launching = (nodeclaim("gpu-p5-aaaaaa", created=ago(40)), None)
+    registering = (nodeclaim("gpu-p5-bbbbbb", created=ago(90), launched=ago(30)), None)
+    replacing = (nodeclaim("gpu-p5-gone", created=ago(2000), launched=ago(1900), registered=ago(1800),
+                           deleting=ago(15)), None)
     obs = observed(launching, registering, warming_pair(), warm_pair(), serving_pair(), cold_pair(), failed_pair(),
                    past_deadline_pair(), replacing)
     rs = by_name(status.rows(obs, NOW))
@@ -212,7 +166,7 @@ def test_keep_decision_and_a_taint_someone_else_removed():
     n["metadata"]["annotations"]["nodewarm.io/state"] = state_ann("DeadlineKeep", 50, 1260)
     c2, n2 = warming_pair()
     n2["spec"]["taints"] = []
-    rs = by_name(status.rows(observed((c, n), (c2, n2), profiles=[profile_obj(on_deadline="keep")]), NOW))
+    rs = by_name(status.rows(observed((c, n), (c2, n2), profiles=[v(spec__readiness__onDeadline="keep")]), NOW))
     assert rs["ip-10-0-1-6.ec2.internal"].phase == "DeadlineKeep"
     assert status.fmt_duration(rs["ip-10-0-1-6.ec2.internal"].in_phase_s) == "50s"
     assert rs["ip-10-0-1-1.ec2.internal"].phase == "Untainted(external)"
@@ -235,7 +189,8 @@ def test_warming_reason_is_what_the_agent_is_still_busy_with():
 def test_a_pool_named_by_two_profiles_shows_the_one_the_controller_binds_it_to():
     # The controller binds a NodePool to the oldest profile naming it and refuses the next (NodePoolTaken), whatever
     # order the API lists them in; status must show that profile's deadline, not the last one listed.
-    newer, older = profile_obj("a-newer", deadline="5m"), profile_obj("z-older", deadline="20m")
+    newer = v(metadata__name="a-newer", spec__readiness__deadline="5m")
+    older = v(metadata__name="z-older", spec__readiness__deadline="20m")
     newer["metadata"]["creationTimestamp"], older["metadata"]["creationTimestamp"] = ts(60), ts(3600)
     for listed in ([newer, older], [older, newer]):
         rs = status.rows(observed(warming_pair(), profiles=listed), NOW)
@@ -255,7 +210,7 @@ def held(o: dict, reason: str | None = "WouldDrift", finalizers=(labels.CLEANUP_
 def test_a_deleted_profile_whose_clean_up_is_held_keeps_its_nodes_as_the_controller_does():
     # The controller (held_profiles / profile_for_pool): a deleted profile still holding its finalizer keeps gating
     # its pool, so its nodes, deadline and taint are still its own; a live profile naming the pool comes first.
-    old = profile_obj(deadline="5m")
+    old = v(spec__readiness__deadline="5m")
     old["metadata"]["creationTimestamp"] = ts(3600)
     obs = observed(warming_pair(), profiles=[held(old)])
     rs = status.rows(obs, NOW)
@@ -267,20 +222,20 @@ def test_a_deleted_profile_whose_clean_up_is_held_keeps_its_nodes_as_the_control
     assert "clean-up held: WouldDrift" in status.format_explanation(x) and status.held_notes(rs, obs)[0] in x.notes
     assert status.rows(observed(warming_pair(), profiles=[held(old, reason=None)]), NOW)[0].cleanup == "Pending"
     assert status.rows(observed(warming_pair(), profiles=[held(old, finalizers=())]), NOW) == []   # nothing held
-    newer = profile_obj("a-newer")
+    newer = v(metadata__name="a-newer")
     newer["metadata"]["creationTimestamp"] = ts(60)
     assert [(r.profile, r.cleanup) for r in status.rows(observed(warming_pair(), profiles=[held(old), newer]),
                                                         NOW)] == [("a-newer", "")]
 
 
 def test_profile_filter_and_nodes_outside_any_profile_are_left_out():
-    other = profile_obj("llama", "gpu-p4d")
+    other = v(metadata__name="llama", spec__nodes__nodePool="gpu-p4d", spec__nodes__nodeClass="gpu-p4d")
     c, n = warm_pair()
-    foreign_c = claim_obj("cpu-pool-x", 100, 90, 80, pool="cpu-pool")
-    foreign_n = node_obj("ip-10-0-9-9.ec2.internal", foreign_c, 80, tainted=False)
-    lc = claim_obj("gpu-p4d-abc", 100, 90, 80, pool="gpu-p4d")
-    ln = node_obj("ip-10-0-2-2.ec2.internal", lc, 80)
-    obs = observed((c, n), (foreign_c, foreign_n), (lc, ln), profiles=[profile_obj(), other])
+    foreign_c = nodeclaim("cpu-pool-x", created=ago(100), launched=ago(90), registered=ago(80), pool="cpu-pool")
+    foreign_n = node("ip-10-0-9-9.ec2.internal", claim=foreign_c, created=ago(80), taints=())
+    lc = nodeclaim("gpu-p4d-abc", created=ago(100), launched=ago(90), registered=ago(80), pool="gpu-p4d")
+    ln = node("ip-10-0-2-2.ec2.internal", claim=lc, created=ago(80))
+    obs = observed((c, n), (foreign_c, foreign_n), (lc, ln), profiles=[v(), other])
     assert [r.name for r in status.rows(obs, NOW)] == ["ip-10-0-2-2.ec2.internal", "ip-10-0-1-2.ec2.internal"]
     assert [r.name for r in status.rows(obs, NOW, profile="llama")] == ["ip-10-0-2-2.ec2.internal"]
 
@@ -351,11 +306,12 @@ def test_explain_other_phases_say_what_they_wait_for():
     assert waits(warm_pair()) == ["the controller to lift the startup taint (the node reported Warm)"]
     assert waits(serving_pair())[0].startswith("nothing from nodewarm")
     assert waits(cold_pair())[0].startswith("the node's weights copy to complete")
-    assert waits(failed_pair(), profiles=[profile_obj(on_deadline="replace")]) == [
+    assert waits(failed_pair(), profiles=[v(spec__readiness__onDeadline="replace")]) == [
         "nothing: the agent reported Warm=False (NotInstanceStore: weights not ready: /mnt/nvme is on EBS)",
         "deadline in 15m then replace the node"]
     assert waits(past_deadline_pair())[-1] == "deadline passed 1m ago: the controller will untaint (cold)"
-    assert waits((claim_obj("gpu-p5-aaaaaa", 40), None))[0].startswith("Karpenter to launch the instance")
+    assert waits((nodeclaim("gpu-p5-aaaaaa", created=ago(40)), None))[0].startswith(
+        "Karpenter to launch the instance")
     c, n = past_deadline_pair()                 # no timeline yet: an agent that has not written anything
     assert waits((c, n))[0].startswith("the node agent to report")
     c, n = warming_pair()                       # the pull started, no byte count yet
@@ -367,7 +323,7 @@ def test_odd_annotations_do_not_break_the_table():
     c, n = warming_pair()
     n["metadata"]["annotations"].update({"nodewarm.io/timeline": "{not json", status.PROGRESS_ANNOTATION: "[]",
                                          "nodewarm.io/state": "null"})
-    bad_profile = profile_obj(deadline="soon")
+    bad_profile = v(spec__readiness__deadline="soon")
     r = status.rows(observed((c, n), profiles=[bad_profile]), NOW)[0]
     assert (r.phase, r.weights.text(), r.deadline_text()) == ("Warming", "-", "-")
 

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, profile_doc, warmprofile  # noqa: F401
+from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, warmprofile  # noqa: F401
+from support.builders import NO_CACHE, v
 from support.bootstrap_fixtures import model_files, proxy, put_model  # noqa: F401
 from nodewarm import generation, profile
 from support.launch import BUCKET, aws_path, bucket, run_launch  # noqa: F401  (fixtures)
@@ -45,7 +46,8 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     files = model_files(shards=2, mib_per_shard=1)
     uri = put_model(aws_env, files)
     key = signing.generate(tmp_path / "signing.key").public
-    doc = profile_doc("agent-a", uri, **{"compileCache.verifyKey": key, "bootstrap.allowNonNvme": True})
+    doc = v(metadata__name="agent-a", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+            spec__compileCache__verifyKey=key, spec__bootstrap__allowNonNvme=True)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)
     rc = run_agent(kube, tmp_path, "agent-a", "--json")
@@ -93,7 +95,8 @@ def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
                   body={"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}},
                   content_type="application/strategic-merge-patch+json")
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    doc = profile_doc("agent-gpu", uri, **{"bootstrap.allowNonNvme": True, "serving.tensorParallelSize": 2})
+    doc = v(metadata__name="agent-gpu", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+            spec__bootstrap__allowNonNvme=True, spec__serving__tensorParallelSize=2)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)
     rc = run_agent(kube, tmp_path, "agent-gpu", "--json", "--gpu-wait-seconds", "1")
@@ -114,7 +117,7 @@ def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
 
 def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, node, warmprofile, tmp_path, capsys):
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    warmprofile(profile_doc("agent-b", uri))
+    warmprofile(v(metadata__name="agent-b", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE))
     rc = run_agent(kube, tmp_path, "agent-b")
     assert rc == 1
     assert "NotInstanceStore" in capsys.readouterr().err
@@ -169,7 +172,8 @@ def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(k
     from support.faultproxy import Headers
 
     uri = put_model(s3, model_files(shards=1, mib_per_shard=1))
-    warmprofile(profile_doc("agent-ie", uri, **{"bootstrap.allowNonNvme": True}))
+    warmprofile(v(metadata__name="agent-ie", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+                  spec__bootstrap__allowNonNvme=True))
     # A HEAD answer without Content-Length: nothing nodewarm has a reason for (a KeyError deep inside).
     proxy.rule = lambda r: Headers(drop=("content-length",)) if r.method == "HEAD" else None
     rc = run_agent(kube, tmp_path, "agent-ie", "--json")
@@ -189,7 +193,8 @@ def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env
     assert failed.returncode == 1 and (tmp_path / "state" / "launch-failure").exists()
     # ... which the agent, started by a later attempt, reports on the node before warming.
     uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    doc = profile_doc("agent-lf", uri, **{"bootstrap.allowNonNvme": True})
+    doc = v(metadata__name="agent-lf", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+            spec__bootstrap__allowNonNvme=True)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)
     assert run_agent(kube, tmp_path, "agent-lf", "--json") == 0
@@ -213,8 +218,9 @@ def test_warm_waits_for_the_serving_image_while_weights_and_cache_run_beside_it(
 
     from nodewarm.controller.kube import Kube
 
-    doc = profile_doc("agent-img", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=11)),
-                      **{"bootstrap.allowNonNvme": True})
+    doc = v(metadata__name="agent-img",
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=11))},
+            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True)
     warmprofile(doc)
     pod = kubelet_pulls(doc, NODE)
     ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -250,8 +256,9 @@ def test_on_a_node_without_the_startup_taint_the_agent_labels_its_generation_its
         kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path, capsys):
     """No taint to lift (someone lifted it, or the deadline did): no controller write will come, so the agent's."""
     fresh_node(NODE, [])
-    doc = profile_doc("agent-nt", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=12)),
-                      **{"bootstrap.allowNonNvme": True})
+    doc = v(metadata__name="agent-nt",
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=12))},
+            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)
     assert run_agent(kube, tmp_path, "agent-nt") == 0

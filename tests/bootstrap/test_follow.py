@@ -11,7 +11,8 @@ import threading
 import pytest
 from kubernetes import config
 
-from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, profile_doc, warmprofile  # noqa: F401
+from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, warmprofile  # noqa: F401
+from support.builders import NO_CACHE, v
 from support.bootstrap_fixtures import model_files, put_model
 from support.controller_fixtures import wait_for
 from nodewarm import generation, profile
@@ -87,8 +88,10 @@ def gen_of(doc) -> str:
 
 def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when_no_pod_uses_them(
         kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
-    v1 = profile_doc("follow-a", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=1)),
-                     **{"bootstrap.allowNonNvme": True, "nodes.nodePool": POOL, "serving.tensorParallelSize": 1})
+    v1 = v(metadata__name="follow-a",
+           spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=1))},
+           spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__nodes__nodePool=POOL,
+           spec__serving__tensorParallelSize=1)
     v2 = copy.deepcopy(v1)
     v2["spec"]["model"]["uri"] = put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=2))
     v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
@@ -151,9 +154,11 @@ def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generati
         k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
     except Exception:
         pass
-    v1 = profile_doc("follow-r", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=3)),
-                     **{"bootstrap.allowNonNvme": True, "nodes.nodePool": POOL, "serving.tensorParallelSize": 1,
-                        "serving.replicas": 2, "serving.namespace": ns, "model.sizeGB": 0.002})
+    v1 = v(metadata__name="follow-r",
+           spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=3))},
+           spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__nodes__nodePool=POOL,
+           spec__serving__tensorParallelSize=1, spec__serving__replicas=2, spec__serving__namespace=ns,
+           spec__model__sizeGB=0.002)
     v2 = copy.deepcopy(v1)
     v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
     serving_node(k, fresh_node, "node-3", gpus=4)       # its agent warmed once and is not following (stays gen 1)

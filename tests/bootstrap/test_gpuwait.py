@@ -10,25 +10,21 @@ import pytest
 
 from nodewarm.bootstrap import gpuwait
 from nodewarm.controller.kube import NODES
+from support.builders import TAINT, node
 
-TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 P5 = {"node.kubernetes.io/instance-type": "p5.48xlarge"}
 
 
-def node(labels=None, gpus=None) -> dict:
-    st = {"allocatable": {"cpu": "191", **({"nvidia.com/gpu": str(gpus)} if gpus is not None else {})}}
-    return {"metadata": {"name": "n", "labels": labels or {}}, "status": st}
-
-
 @pytest.mark.parametrize("n, wanted, verdict", [
-    (node(P5, 8), 2, ("advertised", "GpusAdvertised")),
-    (node(P5, 2), 2, ("advertised", "GpusAdvertised")),
-    (node(P5, None), 2, None),                                     # a GPU instance, nothing advertised yet: wait
-    (node(P5, 1), 2, None),                                        # part of them: wait
-    (node({"karpenter.k8s.aws/instance-gpu-count": "4"}), 4, None),
-    (node({"karpenter.k8s.aws/instance-gpu-count": "1"}), 2, ("failed", "TooFewGpus")),
-    (node({}), 1, ("skipped", "GpuCountUnknown")),                 # nothing says this node has GPUs
-    (node({"node.kubernetes.io/instance-type": "unknown.type"}), 1, ("skipped", "GpuCountUnknown")),
+    (node(gpus=8), 2, ("advertised", "GpusAdvertised")),           # a p5.48xlarge
+    (node(gpus=2), 2, ("advertised", "GpusAdvertised")),
+    (node(gpus=None), 2, None),                                    # a GPU instance, nothing advertised yet: wait
+    (node(gpus=1), 2, None),                                       # part of them: wait
+    (node(instance_type=None, gpus=None, labels={"karpenter.k8s.aws/instance-gpu-count": "4"}), 4, None),
+    (node(instance_type=None, gpus=None, labels={"karpenter.k8s.aws/instance-gpu-count": "1"}), 2,
+     ("failed", "TooFewGpus")),
+    (node(instance_type=None, gpus=None), 1, ("skipped", "GpuCountUnknown")),   # nothing says this node has GPUs
+    (node(instance_type="unknown.type", gpus=None), 1, ("skipped", "GpuCountUnknown")),
 ])
 def test_verdicts(n, wanted, verdict):
     r = gpuwait.judge(n, wanted)

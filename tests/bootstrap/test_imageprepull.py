@@ -22,7 +22,7 @@ from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm.userdata.daemonset import NAME as AGENT_SA
-from support.profiles import v
+from support.builders import v
 
 IMAGE = "vllm/vllm-openai:v0.21.0"
 OLD_IMAGE = "vllm/vllm-openai:v0.20.0"

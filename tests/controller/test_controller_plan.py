@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from functools import partial
 
 import pytest
 
@@ -14,10 +15,10 @@ from nodewarm.controller.model import (
     STATE_ANNOTATION, ClaimView, NodeView, WarmState, fmt_time, label_value, parse_time,
 )
 from nodewarm.controller.workqueue import WorkQueue
-from support.profiles import v
+from support import builders
+from support.builders import TAINT, v
 
 T0 = 1_800_000_000.0
-TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 GPU = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
 OTHER = {"key": "example.com/other", "value": "x", "effect": "NoExecute"}
 
@@ -26,28 +27,12 @@ def prof(**kw):
     return profile.from_dict(v(**{"metadata__name": "p1", **kw}))
 
 
-def claim_obj(registered: float | None = T0, deleting: bool = False) -> dict:
-    conds = [{"type": "Launched", "status": "True", "lastTransitionTime": fmt_time(T0 - 60)}]
-    if registered is not None:
-        conds.append({"type": "Registered", "status": "True", "lastTransitionTime": fmt_time(registered)})
-    md = {"name": "c1", "uid": "u-c1", "labels": {"karpenter.sh/nodepool": "gpu-p5"},
-          "creationTimestamp": fmt_time(T0 - 70)}
-    if deleting:
-        md["deletionTimestamp"] = fmt_time(T0)
-    return {"metadata": md, "spec": {"startupTaints": [TAINT]},
-            "status": {"providerID": "aws:///z/i-1", "conditions": conds}}
-
-
-def node_obj(taints=(GPU, TAINT, OTHER), warm: str | None = "True", annotations: dict | None = None) -> dict:
-    conds = [{"type": "Ready", "status": "True"}]
-    if warm is not None:
-        conds.append({"type": "nodewarm.io/Warm", "status": warm, "reason": "WeightsVerified", "message": "ok",
-                      "lastTransitionTime": fmt_time(T0 + 30)})
-    md = {"name": "n1", "uid": "u-n1", "labels": {"karpenter.sh/nodepool": "gpu-p5"}, "creationTimestamp": fmt_time(T0)}
-    if annotations is not None:
-        md["annotations"] = annotations
-    return {"metadata": md, "spec": {"providerID": "aws:///z/i-1", "taints": [dict(t) for t in taints]},
-            "status": {"conditions": conds}}
+# The scene: claim c1 registered at T0, its node n1 (the guards name its uid) with foreign taints around ours,
+# warm 30 s later.
+claim_obj = partial(builders.nodeclaim, "c1", created=T0 - 70, launched=T0 - 60, registered=T0,
+                    provider_id="aws:///z/i-1")
+node_obj = partial(builders.node, "n1", uid="u-n1", created=T0, provider_id="aws:///z/i-1", taints=(GPU, TAINT, OTHER),
+                   warm="True", warm_at=T0 + 30)
 
 
 def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
@@ -158,6 +143,7 @@ def test_duplicate_entries_of_our_key_all_go_highest_index_first():
 def test_node_without_annotations_or_labels_gets_whole_maps():
     node = node_obj()
     node["metadata"].pop("labels")
+    node["metadata"].pop("annotations")
     after = apply_json_patch(node, list(plan(node).node_ops))
     assert STATE_ANNOTATION in after["metadata"]["annotations"] and after["metadata"]["labels"]["nodewarm.io/warm"] == "true"
 
@@ -199,7 +185,7 @@ def test_recorded_or_already_untainted_nodes_are_left_alone():
 def test_unbound_deleting_or_nodeless_claims_do_nothing():
     c = ClaimView.from_obj(claim_obj())
     assert planner.plan_claim(c, NodeView.from_obj(node_obj()), None, T0).action == planner.NONE
-    assert plan(node_obj(), claim=claim_obj(deleting=True)).action == planner.NONE
+    assert plan(node_obj(), claim=claim_obj(deleting=T0)).action == planner.NONE
     nodeless = plan(None)
     assert nodeless.action == planner.NONE and nodeless.conditions[0].reason == "NodeNotFound"
     assert plan(None, claim=claim_obj(registered=None)).conditions[0].reason == "NotRegistered"

@@ -24,18 +24,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodewarm import profile
+from nodewarm.api.names import WARM_CONDITION
 from nodewarm.controller import plan as planner
 from nodewarm.controller.controller import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
-from nodewarm.controller.model import ClaimView, NodeView, fmt_time
-from support.profiles import v
+from nodewarm.controller.model import ClaimView, NodeView
+from support import builders
+from support.builders import v
 from support import paths
 
 REPO = paths.REPO
 DASHBOARD = REPO / "deploy" / "grafana" / "nodewarm-dashboard.json"
 EXAMPLES = REPO / "deploy" / "grafana" / "promql-examples.json"
 T0 = 1_800_000_000.0
-TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
 POOL = "gpu-p5"
 # Grafana's built-in variables; anything else a query uses must be one of the dashboard's own.
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__range_s", "__range_ms", "__interval_ms"}
@@ -44,23 +45,14 @@ GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__range_s", "__
 # -- the controller's real exposition --------------------------------------------------------------------------
 
 def _claim(pool: str) -> ClaimView:
-    conds = [{"type": "Launched", "status": "True", "lastTransitionTime": fmt_time(T0 - 60)},
-             {"type": "Registered", "status": "True", "lastTransitionTime": fmt_time(T0)}]
-    return ClaimView.from_obj({"metadata": {"name": "c1", "uid": "u-c1", "labels": {"karpenter.sh/nodepool": pool},
-                                            "creationTimestamp": fmt_time(T0 - 70)},
-                               "spec": {"startupTaints": [TAINT]},
-                               "status": {"providerID": "aws:///z/i-1", "conditions": conds}})
+    return ClaimView.from_obj(builders.nodeclaim("c1", pool=pool, created=T0 - 70, launched=T0 - 60, registered=T0))
 
 
 def _node(pool: str, warm: str | None, annotations: dict | None = None) -> NodeView:
-    conds = [{"type": "Ready", "status": "True"}]
-    if warm is not None:
-        conds.append({"type": "nodewarm.io/Warm", "status": warm, "reason": "WeightsVerified" if warm == "True"
-                      else "NotInstanceStore", "message": "m", "lastTransitionTime": fmt_time(T0 + 30)})
-    md = {"name": "n1", "uid": "u-n1", "labels": {"karpenter.sh/nodepool": pool}, "creationTimestamp": fmt_time(T0),
-          "annotations": dict(annotations or {})}
-    return NodeView.from_obj({"metadata": md, "spec": {"providerID": "aws:///z/i-1", "taints": [dict(TAINT)]},
-                              "status": {"conditions": conds}})
+    """n1 of ``pool``: warm (the agent verified the weights), not warm (not on instance store) or not reported."""
+    cond = None if warm is None else builders.condition(
+        WARM_CONDITION, warm, "WeightsVerified" if warm == "True" else "NotInstanceStore", T0 + 30, "m")
+    return NodeView.from_obj(builders.node("n1", pool=pool, created=T0, warm=cond, annotations=annotations))
 
 
 def exercised_metrics() -> Metrics:

@@ -15,7 +15,7 @@ from nodewarm.cli import main
 from nodewarm.controller import deviceplugins as dp
 from nodewarm.controller import manifests
 from nodewarm.controller.kube import DAEMONSETS, WARMPROFILES, Kube, Resource
-from support.profiles import v
+from support.builders import v
 
 TAINT_KEY = "nodewarm.io/warming"
 

@@ -8,7 +8,7 @@ from kubernetes.client.exceptions import ApiException
 from nodewarm import instancetypes, profile
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import inject
-from support.profiles import USER_MIME, v
+from support.builders import USER_MIME, v
 
 
 def prof(mode="karpenter", **kw):

@@ -16,7 +16,7 @@ from nodewarm.controller import manifests
 from nodewarm.nodeclasses.cli import HELP
 from nodewarm.nodeclasses.render import render, warmprofile_document
 from nodewarm import instancetypes, profile
-from support.profiles import USER_MIME, v
+from support.builders import USER_MIME, v
 
 
 def _render_cli(capsys, *argv: str) -> str:

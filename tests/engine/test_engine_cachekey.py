@@ -25,7 +25,7 @@ from nodewarm.bootstrap.compilecache import cachekey, hardware
 from nodewarm.nodeclasses.podlayout import CACHE_MOUNT
 from nodewarm.nodeclasses.servingspec import serving_spec
 from nodewarm_dev.testenv import enginenode, podrun, vllmhash
-from support.profiles import variant
+from support.builders import v
 
 pytestmark = [pytest.mark.vllm]
 
@@ -34,10 +34,8 @@ BASE_SERVING = {"image": "registry.example/serving@sha256:" + "1" * 64, "tensorP
 
 
 def _doc(name: str = "tiny", model: dict | None = None, **serving) -> dict:
-    return variant("karpenter", **{"metadata": {"name": name},
-                                   "spec.model": model or {"uri": "s3://models/tiny/", "sizeGB": 0.01},
-                                   "spec.serving": {**BASE_SERVING, **serving},
-                                   "spec.compileCache": {"uri": "s3://cache-bucket/cc/"}})
+    return v("karpenter", metadata={"name": name}, spec__model=model or {"uri": "s3://models/tiny/", "sizeGB": 0.01},
+             spec__serving={**BASE_SERVING, **serving}, spec__compileCache={"uri": "s3://cache-bucket/cc/"})
 
 
 # (what changes, profile document, extra env of the serving image/runtime, vLLM version); the first is the base.

@@ -34,7 +34,7 @@ from nodewarm.nodeclasses.servingspec import serving_spec
 from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm_dev.testenv import enginenode, vllmclient
 from nodewarm_dev.testenv.ports import free_port
-from support.profiles import variant
+from support.builders import v
 
 pytestmark = [pytest.mark.vllm, pytest.mark.kube, pytest.mark.s3, pytest.mark.slow]
 
@@ -68,13 +68,12 @@ class Served:
 
 
 def _doc(name: str, model_uri: str, cache_uri: str, verify_key: str, port: int, **serving) -> dict:
-    return variant("karpenter", **{
-        "metadata": {"name": name},
-        "spec.model": {"uri": model_uri, "sizeGB": 0.01},
-        "spec.serving": {"image": IMAGE, "tensorParallelSize": 1, "maxModelLen": 512, "dtype": "bfloat16",
-                         "port": port, **serving},
-        "spec.compileCache": {"uri": cache_uri, "verifyKey": verify_key,
-                              "publisher": {"image": IMAGE, "signingKeySecret": "cc-signing", "quietSeconds": 3}}})
+    return v("karpenter", metadata={"name": name},
+             spec__model={"uri": model_uri, "sizeGB": 0.01},
+             spec__serving={"image": IMAGE, "tensorParallelSize": 1, "maxModelLen": 512, "dtype": "bfloat16",
+                            "port": port, **serving},
+             spec__compileCache={"uri": cache_uri, "verifyKey": verify_key,
+                                 "publisher": {"image": IMAGE, "signingKeySecret": "cc-signing", "quietSeconds": 3}})
 
 
 @pytest.fixture(scope="module")

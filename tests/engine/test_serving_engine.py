@@ -36,7 +36,7 @@ from nodewarm.nodeclasses.podlayout import model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import enginenode, podrun, vllmclient
 from nodewarm_dev.testenv.ports import free_port
-from support.profiles import v
+from support.builders import v
 
 pytestmark = [pytest.mark.vllm, pytest.mark.s3, pytest.mark.slow]
 

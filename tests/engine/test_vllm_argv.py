@@ -17,7 +17,7 @@ from nodewarm.nodeclasses import servingspec
 from nodewarm.nodeclasses.podlayout import model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import podrun
-from support.profiles import v
+from support.builders import v
 from support import paths
 
 pytestmark = pytest.mark.vllm

@@ -14,18 +14,10 @@ import celpy
 import pytest
 
 from nodewarm.userdata.daemonset import NAME, NODE_NAME_EXTRA, admission_policy
+from support.builders import node
 
 NS = "nodewarm-system"
 AGENT = f"system:serviceaccount:{NS}:{NAME}"
-
-
-def node(name: str, labels=None, annotations=None) -> dict:
-    md = {"name": name, "labels": {"kubernetes.io/hostname": name, "karpenter.sh/nodepool": "gpu",
-                                   **(labels or {})}}
-    if annotations is not None:
-        md["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Node", "metadata": md,
-            "spec": {"taints": [{"key": "nodewarm.io/warming", "effect": "NoSchedule"}]}}
 
 
 def request(obj: dict, old: dict, user: str = AGENT, bound_node: str | None = "node-a", sub: str = "status") -> dict:
@@ -130,7 +122,7 @@ def test_the_expressions_have_teeth_on_unset_maps(policy):
 def _publisher_policy():
     from nodewarm import profile
     from nodewarm.nodeclasses.vllm import publisher_admission_policy
-    from support.profiles import v
+    from support.builders import v
 
     p = profile.from_dict(v(spec__compileCache__verifyKey="A" * 43 + "=",
                             spec__compileCache__publisher={"image": "i", "signingKeySecret": "k"}))

@@ -22,7 +22,7 @@ from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv.karpenter import KarpenterSim
-from support.profiles import v
+from support.builders import v
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
 VENV_BIN = Path(sys.executable).parent

@@ -15,7 +15,7 @@ from nodewarm.nodeclasses import crdvalidate, drift, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
-from support.profiles import v
+from support.builders import v
 
 RESERVED = ["cr-0123456789abcdef0"]
 

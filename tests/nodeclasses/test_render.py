@@ -16,7 +16,7 @@ from nodewarm.api.names import PROFILE_LABEL
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv.crds import AUTOMODE_TEST_CRD
-from support.profiles import v
+from support.builders import v
 
 
 def rendered(doc):

@@ -15,7 +15,7 @@ from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import livediff
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv.karpenter import KarpenterSim
-from support.profiles import v
+from support.builders import v
 
 pytestmark = pytest.mark.kube
 

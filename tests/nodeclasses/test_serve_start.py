@@ -22,7 +22,7 @@ from nodewarm import instancetypes, profile
 from nodewarm.bootstrap.weights import manifest, pipeline
 from nodewarm.nodeclasses import servestart
 from nodewarm.nodeclasses.render import render
-from support.profiles import v
+from support.builders import v
 
 URI = "s3://models-bucket/qwen3-35b/"
 VLLM = ["python3", "-m", "vllm.entrypoints.openai.api_server"]

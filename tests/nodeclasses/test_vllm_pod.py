@@ -13,7 +13,7 @@ from nodewarm.instancetypes import InstanceType
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
 from nodewarm.nodeclasses.servingspec import normalize_extra_args, parse_extra_args, serving_spec
-from support.profiles import v
+from support.builders import v
 
 GIB = 2**30
 PUBLISHER = {"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"}

@@ -11,14 +11,7 @@ from nodewarm.kubeapply import apply
 from nodewarm import profile
 from nodewarm.nodeclasses import agentaccess, prepull
 from nodewarm_dev.testenv.karpenter import KarpenterSim
-from support.profiles import variant
 
-
-def profile_doc(name: str, model_uri: str, **spec_changes) -> dict:
-    """A valid WarmProfile for the agent; ``spec_changes`` maps 'serving.image' style paths to values."""
-    return variant("karpenter", **{"metadata": {"name": name}, "spec.model": {"uri": model_uri},
-                                   "spec.compileCache": {"uri": "s3://nocache-bucket/cc/"},
-                                   **{f"spec.{k}": val for k, val in spec_changes.items()}})
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from nodewarm.controller.kube import (
     AUTOMODE_NODECLASSES, EC2NODECLASSES, EVENTS, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
 )
 from nodewarm.nodeclasses import automode, ec2nodeclass, nodepool, render
-from support.profiles import USER_MIME, v
+from support.builders import USER_MIME, v
 
 TAINT = "nodewarm.io/warming"
 

@@ -169,7 +169,7 @@ def test_the_region_comes_from_instance_metadata_not_the_user_data(tmp_path, s3,
 def test_the_agent_takes_the_region_from_the_profile_then_the_node_label_then_instance_metadata():
     from nodewarm import profile
     from nodewarm.bootstrap.profilesource import region_for
-    from support.profiles import v
+    from support.builders import v
 
     p = profile.from_dict(v())                                       # spec.nodes.region: us-west-2
     node = {"metadata": {"labels": {"topology.kubernetes.io/region": "ap-south-1"}}}

@@ -26,7 +26,7 @@ from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key,
 from nodewarm.errors import ProfileError
 from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.nodeclasses.servingspec import serving_spec
-from support.profiles import v
+from support.builders import v
 from support import paths
 
 HOSTS = paths.FIXTURES / "hosts"

@@ -272,7 +272,7 @@ def test_node_b_hits_after_restore_and_the_hit_lands_on_its_node_through_the_pub
     from nodewarm.kubeapply import apply
     from nodewarm.api.names import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
     from nodewarm.nodeclasses.render import render
-    from support.profiles import v
+    from support.builders import v
 
     store, verify_key = published
     name = "hit-" + uuid.uuid4().hex[:6]
