@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodewarm import instancetypes, profile, sizing
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from support.builders import v
 
 

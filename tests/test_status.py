@@ -16,7 +16,7 @@ from nodewarm.api import names as labels
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.weights import progress as wprogress
 from support.builders import condition, node, nodeclaim, v
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 NOW = datetime(2026, 12, 1, 6, 0, 0, tzinfo=timezone.utc).timestamp()
 POOL, PROFILE = "gpu-p5", "qwen3-35b"

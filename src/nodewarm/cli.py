@@ -7,7 +7,7 @@ import importlib
 import sys
 
 from . import __version__, logs
-from .errors import NodewarmError
+from .api.errors import NodewarmError
 
 # Each module exposes register(subparsers), adding parsers whose `func(args) -> int` runs.
 # Order is the order shown in --help.

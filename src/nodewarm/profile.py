@@ -18,7 +18,7 @@ import jsonschema
 import yaml
 
 from . import instancetypes, sizing
-from .errors import ProfileError
+from .api.errors import ProfileError
 from .api import defaults
 from .api.schema import strict_schema
 

@@ -692,7 +692,7 @@ def api_client_from(kubeconfig: str | None):
     """--kubeconfig, else $KUBECONFIG / ~/.kube/config, else in-cluster: a user's command, so files first."""
     from kubernetes import client, config
 
-    from nodewarm.errors import NodewarmError
+    from nodewarm.api.errors import NodewarmError
 
     cfg = client.Configuration()
     # $KUBECONFIG read now (the client reads it once, at import); a list of files is merged as kubectl does.
@@ -749,7 +749,7 @@ def observe(api_client, node: str | None = None, profile: str | None = None) -> 
 def run(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    from nodewarm.errors import NodewarmError
+    from nodewarm.api.errors import NodewarmError
 
     api = api_client_from(args.kubeconfig)
     try:

@@ -140,7 +140,7 @@ def test_without_the_rendered_rbac_the_node_cannot_read_profiles(kube, admin, k,
     from kubernetes import client
 
     from nodewarm.bootstrap import profilesource
-    from nodewarm.errors import NodewarmError
+    from nodewarm.api.errors import NodewarmError
 
     rbac = client.RbacAuthorizationV1Api(admin)
     saved = rbac.read_cluster_role_binding("nodewarm-agent:nodes")

@@ -19,7 +19,7 @@ from nodewarm.bootstrap.agent import AgentConfig
 from nodewarm.bootstrap.compilecache import cachekey, hardware, publish, restore, signing
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm.bootstrap.weights.s3pull import PARTIAL_DIR
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
 

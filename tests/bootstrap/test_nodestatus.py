@@ -7,7 +7,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm.bootstrap.nodestatus import WARM_CONDITION, report_warm
 from nodewarm.controller.kube import NODES, Kube
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.kube
 

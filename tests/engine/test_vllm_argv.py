@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodewarm import instancetypes, profile
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.nodeclasses import servingspec
 from nodewarm.nodeclasses.podlayout import model_path
 from nodewarm.nodeclasses.render import render

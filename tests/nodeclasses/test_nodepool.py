@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from nodewarm import instancetypes, profile
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.nodeclasses import crdvalidate, drift, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.nodeclasses.render import render

@@ -372,7 +372,7 @@ def test_the_agents_real_record(mod, s3, aws_env, tmp_path):
     overwrites the summary with ok=false, and the script no longer does."""
     from support.bootstrap_fixtures import model_files, put_model, warm
 
-    from nodewarm.errors import NodewarmError
+    from nodewarm.api.errors import NodewarmError
 
     uri = put_model(s3, model_files(shards=2, mib_per_shard=0.25))
     dest = tmp_path / "m"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nodewarm import instancetypes, profile
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.generation import generation
 from nodewarm.instancetypes import InstanceType
 from nodewarm.nodeclasses import vllm

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,

@@ -9,7 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 RUN_DESCRIPTION = """\
 The node agent. Reads the WarmProfile named by --profile from the cluster (model, serving image, TP,

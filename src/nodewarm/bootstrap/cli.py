@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 BOOTSTRAP_DESCRIPTION = """\
 Node-side steps that warm a freshly scaled-up GPU node before the startup taint is lifted.

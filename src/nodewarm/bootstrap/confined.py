@@ -15,7 +15,7 @@ import posixpath
 import stat
 from pathlib import Path, PurePosixPath
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

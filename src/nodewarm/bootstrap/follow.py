@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.generation import GENERATION_LABEL
 
 from . import agent, profilesource

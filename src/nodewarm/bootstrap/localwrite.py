@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 
 class InsufficientNVMe(NodewarmError):

@@ -20,7 +20,7 @@ import json
 from datetime import datetime, timezone
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import WARM_CONDITION
 
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.generation import generation, model_key
 from nodewarm.profile import WarmProfile, from_dict
 from nodewarm.api.schema import GROUP, PLURAL, VERSION

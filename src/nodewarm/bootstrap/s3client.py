@@ -23,7 +23,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 
 log = logs.get("bootstrap.s3")

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 HELP = """\
 Watch NodeClaims, Nodes, NodePools, NodeClasses and WarmProfiles, and for every NodePool bound to a

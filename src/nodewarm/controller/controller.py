@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm import logs
 from nodewarm.api.names import CLEANUP_FINALIZER
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.profile import WarmProfile, from_dict
 
 from . import deviceplugins

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes, logs, profile
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.nodeclasses import driftpreview
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.profile import WarmProfile

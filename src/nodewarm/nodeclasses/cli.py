@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from nodewarm import instancetypes, profile
-from nodewarm.errors import NodewarmError, ProfileError
+from nodewarm.api.errors import NodewarmError, ProfileError
 from nodewarm.sizing import GB
 
 from . import crdvalidate

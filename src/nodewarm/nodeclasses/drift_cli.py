@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from . import karpenterhash
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.api.names import INSTANCE_TYPE_LABEL
 from nodewarm.profile import WarmProfile, check_taint_key

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from fractions import Fraction
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 NODEPOOL_HASH = "karpenter.sh/nodepool-hash"
 NODEPOOL_HASH_VERSION = "karpenter.sh/nodepool-hash-version"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.profile import WarmProfile
 from nodewarm.userdata.launch import BootstrapLaunch
 

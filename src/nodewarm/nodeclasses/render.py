@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile
 from nodewarm.userdata import daemonset

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.profile import WarmProfile
 
 from .podlayout import model_path

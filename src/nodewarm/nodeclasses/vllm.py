@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from nodewarm import instancetypes
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.generation import GENERATION_LABEL, generation
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import WarmProfile

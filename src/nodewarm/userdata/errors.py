@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 
 class UserDataTooLarge(NodewarmError):

@@ -23,7 +23,7 @@ from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, servedcheck, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key, parse_uri, stale_key
-from nodewarm.errors import ProfileError
+from nodewarm.api.errors import ProfileError
 from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.nodeclasses.servingspec import serving_spec
 from support.builders import v

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from support.bootstrap_fixtures import KiB, loop_volume, model_files, proxy, put_model, warm  # noqa: F401
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
 

@@ -14,7 +14,7 @@ from support.bootstrap_fixtures import KiB, model_files, proxy, put_model, visib
 from support.faultproxy import Corrupt, Hook, Reply, Reset, Stall, Trickle, Truncate, first_n
 from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.s3client import RetryPolicy
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
 

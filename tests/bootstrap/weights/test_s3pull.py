@@ -17,7 +17,7 @@ from nodewarm.bootstrap.weights import listing, s3pull
 from nodewarm.bootstrap.weights.capacity import InsufficientNVMe
 from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.weights.progress import Progress, render_bar
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
 

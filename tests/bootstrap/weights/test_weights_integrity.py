@@ -12,7 +12,7 @@ import pytest
 from support.bootstrap_fixtures import KiB, loop_volume, model_files, proxy, put_model, visible_files, warm  # noqa: F401
 from support.faultproxy import Corrupt, Headers, Reply, first_n
 from nodewarm.bootstrap.weights.s3pull import partial_paths
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3
 

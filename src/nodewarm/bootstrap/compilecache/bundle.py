@@ -28,7 +28,7 @@ from typing import Iterator, Mapping
 import zstandard
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from .. import confined
 from ..localwrite import write_error

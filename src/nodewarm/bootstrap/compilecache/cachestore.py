@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from ..localwrite import write_error
 from ..s3client import RetryPolicy, S3ObjectMissing, S3Uri, call_with_retries, make_client

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from . import cachekey
 

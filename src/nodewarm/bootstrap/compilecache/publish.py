@@ -38,7 +38,7 @@ from watchdog.events import (EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, File
 from watchdog.observers import Observer
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from . import bundle, cachekey, hitcheck, runtimedesc, signing
 from .cachestore import CacheStore, blob_key, envelope_key, stale_key

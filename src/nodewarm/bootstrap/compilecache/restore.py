@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from ..localwrite import write_error
 from ..weights import capacity

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from . import cachekey, signing
 from .cachestore import CacheStore, runtime_key

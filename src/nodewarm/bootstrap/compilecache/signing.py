@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from .cachekey import FORMAT, canonical_json
 

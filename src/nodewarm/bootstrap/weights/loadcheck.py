@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterator
 from pathlib import Path
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 
 class LoadCheckFailed(NodewarmError):

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from ..confined import UnsafePath, check_rel
 from ..s3client import S3Uri

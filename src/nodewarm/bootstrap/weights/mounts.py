@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 # nodeadm's setup-local-disks (AL2023) mounts the md RAID0 `kubernetes` here; `apiclient ephemeral-storage
 # init` (Bottlerocket, EKS Auto Mode) mounts /dev/md/ephemeral, or the only disk, here.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from nodewarm import logs
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from .. import confined, s3client
 from ..localwrite import write_error

@@ -20,7 +20,7 @@ from typing import Callable
 
 from awscrt import checksums
 
-from nodewarm.errors import NodewarmError
+from nodewarm.api.errors import NodewarmError
 
 from .manifest import RemoteObject
 
