@@ -64,6 +64,9 @@ if [[ ! -f $nodewarm_stamp || pyproject.toml -nt $nodewarm_stamp ]]; then
   # does, with no wheel to rebuild after each edit. With its dependencies (the publisher imports boto3,
   # kubernetes, watchdog, ...), but constrained to every version the engine already has: nodewarm must never
   # change the serving image's packages, and a conflict fails here, loudly, instead of breaking vLLM.
+  # nodewarm alone, not nodewarm-dev (dev/): what runs in this environment is the product (`nodewarm publish`,
+  # `nodewarm bootstrap compile-cache key`) and the test environment's engine scripts, run by path (tinymodel.py,
+  # vllmargs.py, vllmhash.py: the standard library and the engine only), as a serving image holds no dev code.
   frozen=$(mktemp)
   "$venv/bin/python" -m pip freeze --exclude-editable | grep -v '^nodewarm' >"$frozen" || true
   "$venv/bin/python" -m pip install -q -c "$frozen" -e .
