@@ -40,7 +40,7 @@ from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
 from nodewarm_dev.testenv import s3server
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = REPO / "testenv" / "compile_probe.py"
+MODEL = Path(s3server.__file__).with_name("compile_probe.py")
 TARGET = 0.10
 RESTORE_TARGET_S = 1.0
 RESTORE_RUNS = 5

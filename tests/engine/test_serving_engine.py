@@ -157,7 +157,7 @@ def model_files(s3_exact, tmp_path_factory) -> dict[str, int]:
     root = tmp_path_factory.mktemp("tiny-upload")
     dest = root / BUCKET / "tiny"
     venv = podrun.require_serving_venv()
-    run = subprocess.run([str(venv / "bin" / "python3"), str(podrun.REPO / "testenv" / "tinymodel.py"), str(dest),
+    run = subprocess.run([str(venv / "bin" / "python3"), str(Path(podrun.__file__).with_name("tinymodel.py")), str(dest),
                           "--shards", "2"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     files = {p.relative_to(dest).as_posix(): p.stat().st_size for p in dest.rglob("*") if p.is_file()}

@@ -110,7 +110,7 @@ def parsed():
     # `vllm serve`, as the start script execs it where the CLI runs (the GPU images): the model positional.
     serve = [serve_command(True, True, args)[4:] for args in module]
     venv = podrun.require_serving_venv()
-    run = subprocess.run([str(venv / "bin" / "python3"), str(podrun.REPO / "testenv" / "vllmargs.py")],
+    run = subprocess.run([str(venv / "bin" / "python3"), str(Path(podrun.__file__).with_name("vllmargs.py"))],
                          input=json.dumps({"module": module, "serve": serve}), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
