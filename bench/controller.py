@@ -47,7 +47,9 @@ from kubernetes import watch  # noqa: E402
 from nodewarm import profile  # noqa: E402
 from nodewarm.bootstrap.nodestatus import report_warm  # noqa: E402
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube  # noqa: E402
-from nodewarm.controller.model import STATE_ANNOTATION, WarmState, fmt_time  # noqa: E402
+from nodewarm.api.names import STATE_ANNOTATION  # noqa: E402
+from nodewarm.api.timeutil import fmt_time  # noqa: E402
+from nodewarm.api.views import WarmState  # noqa: E402
 from nodewarm.nodeclasses import ec2nodeclass, nodepool, render  # noqa: E402
 from nodewarm_dev.testenv import kube as kubeenv  # noqa: E402
 from nodewarm_dev.testenv.crds import all_crds  # noqa: E402

@@ -332,12 +332,12 @@ def test_names_match_their_owners_and_the_module_stays_light():
     import subprocess
     import sys
 
-    from nodewarm.controller import model
+    from nodewarm.controller import plan
     from nodewarm.generation import GENERATION_LABEL
 
-    # One name each, from nodeclasses/labels.py, for the controller that writes it and the status that reads it.
-    assert status.STATE_ANNOTATION is model.STATE_ANNOTATION and status.GENERATION_LABEL is GENERATION_LABEL
-    assert status.CACHE_LABEL is model.LABEL_CACHE
+    # One name each, from nodewarm.api.names, for the controller that writes it and the status that reads it.
+    assert status.STATE_ANNOTATION is plan.STATE_ANNOTATION and status.GENERATION_LABEL is GENERATION_LABEL
+    assert status.CACHE_LABEL is plan.CACHE_LABEL
     assert status.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION     # one name: the agent writes it from there
     # `nodewarm --help` imports every command's module: this one must not pull in boto3 or the controller.
     heavy = ("boto", "nodewarm.controller", "nodewarm.profile")

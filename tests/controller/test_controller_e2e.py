@@ -17,7 +17,7 @@ from nodewarm import generation
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.controller import Controller
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
-from nodewarm.controller.model import STATE_ANNOTATION
+from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import TAINT, events_for, installed, options, running, taint_keys, wait_for

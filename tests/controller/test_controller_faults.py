@@ -16,7 +16,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.kube import LEASES, NODES, Resource
-from nodewarm.controller.model import STATE_ANNOTATION, parse_time
+from nodewarm.api.names import STATE_ANNOTATION
+from nodewarm.api.timeutil import parse_time
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import (

@@ -11,9 +11,9 @@ import pytest
 
 from nodewarm import profile
 from nodewarm.controller import plan as planner
-from nodewarm.controller.model import (
-    STATE_ANNOTATION, ClaimView, NodeView, WarmState, fmt_time, label_value, parse_time,
-)
+from nodewarm.api.names import STATE_ANNOTATION
+from nodewarm.api.timeutil import fmt_time, parse_time
+from nodewarm.api.views import ClaimView, NodeView, WarmState
 from nodewarm.controller.workqueue import WorkQueue
 from support import builders
 from support.builders import TAINT, v
@@ -198,8 +198,8 @@ def test_state_roundtrip_and_garbage():
 
 
 def test_label_values_are_valid():
-    assert label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
-    assert len(label_value("x" * 100)) == 63
+    assert planner.label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
+    assert len(planner.label_value("x" * 100)) == 63
     assert planner.model_label(prof(spec__model__revision="r1")) == "qwen3-35b-r1"
 
 

@@ -28,7 +28,7 @@ from nodewarm.api.names import WARM_CONDITION
 from nodewarm.controller import plan as planner
 from nodewarm.controller.controller import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
-from nodewarm.controller.model import ClaimView, NodeView
+from nodewarm.api.views import ClaimView, NodeView
 from support import builders
 from support.builders import v
 from support import paths

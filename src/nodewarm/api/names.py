@@ -27,13 +27,17 @@ GPUS_ANNOTATION = "nodewarm.io/gpus"
 # read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
 
-# Written by the controller on a Node: its record of the node's lifecycle (controller/model.py), and the label
+# Written by the controller on a Node: its record of the node's lifecycle (views.WarmState), and the label
 # of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/generation.py).
 STATE_ANNOTATION = "nodewarm.io/state"
 GENERATION_LABEL = "nodewarm.io/generation"
 CACHE_LABEL = "nodewarm.io/compile-cache"
 # What that label may say; anything else a node reports is recorded as "unknown".
 CACHE_OUTCOMES = ("hit", "miss", "cold")
+# Also set as it lifts the taint, for `kubectl get nodes -L`: the model served, and warm=true (or cold, lifted at the
+# deadline: the node's copy is incomplete).
+MODEL_LABEL = "nodewarm.io/model"
+WARM_LABEL = "nodewarm.io/warm"
 # On a WarmProfile, by the controller: the finalizer that holds a deleted profile until its startup taint is out of
 # the NodePool, and the condition that says why that clean-up waits (controller/controller.py ``_clean_up``;
 # `nodewarm status` shows a held profile's nodes by them).

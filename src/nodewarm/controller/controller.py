@@ -29,7 +29,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import logs
+from nodewarm.api import lifecycle
 from nodewarm.api.names import CLEANUP_FINALIZER
+from nodewarm.api.timeutil import fmt_time_s, parse_time
+from nodewarm.api.views import ClaimView, Condition, NodeView
 from nodewarm.api.errors import NodewarmError
 from nodewarm.profile import WarmProfile, from_dict
 
@@ -42,7 +45,6 @@ from .kube import (
 )
 from .leader import LeaderConfig, LeaderElector
 from .metrics import HttpEndpoints, Metrics, metrics_routes
-from .model import ClaimView, Condition, NodeView, fmt_time_s, parse_time
 from .reflector import Reflector, wait_synced
 from .workqueue import WorkQueue
 
@@ -173,8 +175,7 @@ class Controller:
         """Static (--profile) first, then WarmProfile objects, oldest first: who binds a pool or class first."""
         out = list(self.opt.profiles)
         if self.profiles is not None:
-            views = sorted(self.profiles.store.values(), key=lambda v: (v.created, v.name))
-            out += [v.profile for v in views if v.profile is not None and not v.deleting]
+            out += [v.profile for v in lifecycle.live(self.profiles.store.values()) if v.profile is not None]
         return out
 
     def held_profiles(self) -> list[WarmProfile]:
@@ -182,8 +183,7 @@ class Controller:
         they keep gating their pool's new nodes, so none is left under a taint nobody lifts."""
         if self.profiles is None:
             return []
-        views = sorted(self.profiles.store.values(), key=lambda v: (v.created, v.name))
-        return [v.profile for v in views if v.profile is not None and v.deleting and FINALIZER in v.finalizers]
+        return [v.profile for v in lifecycle.held(self.profiles.store.values()) if v.profile is not None]
 
     def profile_for_pool(self, pool: str) -> WarmProfile | None:
         """The live profile bound to ``pool``, else a deleted one still holding its taint there."""
@@ -354,7 +354,7 @@ class Controller:
             except ApiException as e:
                 if e.status != 404:
                     raise
-        if live_node is not None and live_node.provider_id != live_claim.provider_id:
+        if live_node is not None and not lifecycle.paired(live_claim, live_node):
             live_node = None      # a namesake Node of another instance is not this claim's node
         return live_claim, live_node
 
@@ -452,10 +452,9 @@ class Controller:
     def _gated_by_retired_key(self, p: WarmProfile, node: NodeView) -> WarmProfile:
         """A node registered before a taintKey rename carries the old key: gate it by that key."""
         view = self.profiles.store.get(p.name) if self.profiles is not None else None
-        for key in (view.injected.get("retiredTaintKeys") or ()) if view else ():
-            if node.has_taint(key):
-                return replace(p, readiness=replace(p.readiness, taint_key=key))
-        return p
+        retired = (view.injected.get("retiredTaintKeys") or ()) if view else ()
+        key = lifecycle.gating_taint(p.readiness.taint_key, retired, node)
+        return p if key == p.readiness.taint_key else replace(p, readiness=replace(p.readiness, taint_key=key))
 
     def _execute(self, plan: planner.Plan, claim: ClaimView, node: NodeView | None) -> None:
         timeout = self._write_timeout()

@@ -17,9 +17,9 @@ import threading
 import time
 
 from nodewarm import logs
+from nodewarm.api.timeutil import fmt_time_s
 
 from .kube import EVENTS, Kube
-from .model import fmt_time_s
 from .plan import EventSpec
 
 API_VERSIONS = {"Node": "v1", "NodeClaim": "karpenter.sh/v1", "WarmProfile": "nodewarm.io/v1alpha1",

@@ -28,12 +28,12 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes, logs, profile
 from nodewarm.api.errors import NodewarmError
+from nodewarm.api.views import Condition
 from nodewarm.nodeclasses import driftpreview
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.profile import WarmProfile
 
 from .kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
-from .model import Condition
 
 _MANAGER = re.compile(r'conflict with "([^"]+)"')
 

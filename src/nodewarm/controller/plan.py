@@ -13,24 +13,28 @@ live objects' uid/resourceVersion as preconditions. ``replace_gate`` is the per-
 budget with exponential backoff; replacing is never tried for failures a new node would repeat.
 
 ``plan_claim`` runs them in order and folds their results into one ``Plan``; the shell executes it
-with a single guarded write, so every decision is one atomic step (see model.py for why the record
-lives on the Node).
+with a single guarded write, so every decision is one atomic step (nodewarm/api/views.py says why the record
+lives on the Node). Where a node stands is nodewarm.api.lifecycle's, the same derivation `nodewarm status` shows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import re
+
+from nodewarm.api import lifecycle
+from nodewarm.api.decisions import ConditionType, DeadlineOutcome, Decision, EventReason, OnDeadline, Reason
+from nodewarm.api.lifecycle import Phase
+from nodewarm.api.names import (
+    CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, CLEANUP_CONDITION, GENERATION_LABEL,
+    MODEL_LABEL, PROFILE_LABEL, STATE_ANNOTATION, WARM_LABEL,
+)
+from nodewarm.api.timeutil import fmt_time
+from nodewarm.api.views import DISRUPTED_TAINT, ClaimView, Condition, NodeView, WarmState, warm_generation
 from nodewarm.generation import generation
-from nodewarm.api.names import CACHE_OUTCOMES, CLEANUP_CONDITION
-from nodewarm.api.timeline import Timeline
 from nodewarm.nodeclasses.servestart import cold_mode
 from nodewarm.profile import WarmProfile
-
-from .model import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, DISRUPTED_TAINT, GENERATION_LABEL, LABEL_CACHE, LABEL_MODEL,
-    LABEL_PROFILE, LABEL_WARM, STATE_ANNOTATION, ClaimView, Condition, NodeView, WarmState, fmt_time, label_value, parse_time, warm_generation,
-)
 
 # What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
 # a restore is not a hit, so it has no value here. Anything else is counted as "unknown" so an odd annotation
@@ -74,6 +78,15 @@ class Plan:
     deadline: str = ""                        # the onDeadline action this plan carries out, if any
 
 
+_LABEL_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(s: str) -> str:
+    """Squeeze any string into a valid label value (<= 63 chars, alnum at both ends)."""
+    v = _LABEL_BAD.sub("-", s)[:63]
+    return v.strip("-_.")
+
+
 def model_label(p: WarmProfile) -> str:
     """The model's last path element (+ revision): what an operator recognises in `kubectl get nodes -L`."""
     name = p.model.uri.rstrip("/").rsplit("/", 1)[-1]
@@ -86,13 +99,15 @@ def _esc(key: str) -> str:
 
 def track(claim: ClaimView, node: NodeView | None) -> Condition:
     if node is not None:
-        return Condition("Tracked", "True", "NodeFound", f"node {node.name} carries providerID {claim.provider_id}")
+        return Condition(ConditionType.TRACKED, "True", Reason.NODE_FOUND,
+                         f"node {node.name} carries providerID {claim.provider_id}")
     if claim.registered is not None:
-        return Condition("Tracked", "False", "NodeNotFound", f"NodeClaim is Registered but no Node has "
-                         f"providerID {claim.provider_id}; it was deleted or has not reached the cache yet")
+        return Condition(ConditionType.TRACKED, "False", Reason.NODE_NOT_FOUND, f"NodeClaim is Registered but no Node "
+                         f"has providerID {claim.provider_id}; it was deleted or has not reached the cache yet")
     if claim.launched is not None:
-        return Condition("Tracked", "False", "NotRegistered", "instance launched, node not registered yet")
-    return Condition("Tracked", "False", "NotLaunched", "waiting for Karpenter to launch the instance")
+        return Condition(ConditionType.TRACKED, "False", Reason.NOT_REGISTERED,
+                         "instance launched, node not registered yet")
+    return Condition(ConditionType.TRACKED, "False", Reason.NOT_LAUNCHED, "waiting for Karpenter to launch the instance")
 
 
 def guarded_taint_removal(node: NodeView, taint_key: str) -> list[dict]:
@@ -136,11 +151,8 @@ def _state_ops(node: NodeView, state: WarmState) -> list[dict]:
 def phase_times(claim: ClaimView, node: NodeView) -> dict[str, float | None]:
     """launched / registered from Karpenter's conditions; warm from the bootstrap's timeline (sub-second)
     or, failing that, the Warm condition's transition time (whole seconds)."""
-    warm = None
-    if node.warm is not None and node.warm.status == "True":
-        warm = parse_time(node.timeline.get(Timeline.WARM_REPORTED)) or node.warm.last_transition
-    registered = claim.registered or node.created
-    return {"launched": claim.launched, "registered": registered, "warm": warm}
+    return {"launched": claim.launched, "registered": lifecycle.deadline_start(claim, node),
+            "warm": lifecycle.warm_at(node)}
 
 
 def _durations(times: dict[str, float | None], done: float) -> tuple[tuple[str, float], ...]:
@@ -159,18 +171,21 @@ def _durations(times: dict[str, float | None], done: float) -> tuple[tuple[str, 
 def gate(p: WarmProfile, node: NodeView) -> Condition:
     w = node.warm
     if w is None:
-        return Condition("Untainted", "False", "Warming", f"waiting for {p.readiness.taint_key} to be lifted: "
-                         "the node has not reported nodewarm.io/Warm yet")
+        return Condition(ConditionType.UNTAINTED, "False", Reason.WARMING, f"waiting for {p.readiness.taint_key} to "
+                         "be lifted: the node has not reported nodewarm.io/Warm yet")
     if w.status == "True":
-        return Condition("Untainted", "True", "WarmConditionTrue", f"node reported Warm ({w.reason}: {w.message})")
-    return Condition("Untainted", "False", w.reason or "NotWarm", f"node reports Warm={w.status}: {w.message}")
+        return Condition(ConditionType.UNTAINTED, "True", Reason.WARM_CONDITION_TRUE,
+                         f"node reported Warm ({w.reason}: {w.message})")
+    return Condition(ConditionType.UNTAINTED, "False", w.reason or Reason.NOT_WARM,
+                     f"node reports Warm={w.status}: {w.message}")
 
 
 def deadline(p: WarmProfile, start: float, now: float) -> Condition:
     left = start + p.readiness.deadline_s - now
     if left > 0:
-        return Condition("WarmDeadline", "False", "WithinDeadline", f"{left:.0f}s left of {p.readiness.deadline}")
-    return Condition("WarmDeadline", "True", "DeadlineExceeded",
+        return Condition(ConditionType.WARM_DEADLINE, "False", Reason.WITHIN_DEADLINE,
+                         f"{left:.0f}s left of {p.readiness.deadline}")
+    return Condition(ConditionType.WARM_DEADLINE, "True", Reason.DEADLINE_EXCEEDED,
                      f"not Warm {p.readiness.deadline} after registration; onDeadline={p.readiness.on_deadline}")
 
 
@@ -197,11 +212,11 @@ def replace_gate(pool: str, recent: tuple[float, ...], now: float, policy: Repla
     if len(within) >= policy.budget:
         until = (within[-policy.budget] if policy.budget > 0 else now) + policy.window_s
         return ReplaceGate(False, until, Condition(
-            "ReplacementsPaused", "True", "BudgetExhausted",
+            ConditionType.REPLACEMENTS_PAUSED, "True", Reason.BUDGET_EXHAUSTED,
             f"NodePool {pool}: {len(within)} nodes replaced for missing the warm deadline in the last "
             f"{policy.window_s:.0f}s (budget {policy.budget}); nodes past the deadline keep the readiness taint "
             f"until {fmt_time(until)}. Check why nodes do not turn Warm (the Nodes' nodewarm.io/Warm condition)"))
-    closed = Condition("ReplacementsPaused", "False", "WithinBudget",
+    closed = Condition(ConditionType.REPLACEMENTS_PAUSED, "False", Reason.WITHIN_BUDGET,
                        f"NodePool {pool}: {len(within)} of {policy.budget} replacements used in the last "
                        f"{policy.window_s:.0f}s")
     if within:
@@ -215,16 +230,14 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     if p is None or claim.deleting:
         return Plan(claim.name)
     tracked = track(claim, node)
-    if node is None or node.deleting:
-        return Plan(claim.name, conditions=(tracked,))
     key = p.readiness.taint_key
-    state = node.state
-    kept = state is not None and state.decision == "DeadlineKeep"
-    if (state is not None and not kept) or not node.has_taint(key):
-        # Decided earlier (record present) or the taint is gone (someone else lifted it): nothing to do,
-        # and in particular no second event or metric after a restart. Only "keep" waits on: a node that
-        # turns Warm after its deadline is still untainted.
+    stage = lifecycle.phase(claim, node, key)
+    if stage.phase is not Phase.WARM and stage.phase is not Phase.KEPT and stage.phase not in lifecycle.DEADLINE_PHASES:
+        # No Node yet, or it is going; or decided earlier (record present) or the taint is gone (someone else
+        # lifted it): nothing to do, and in particular no second event or metric after a restart. Only "keep"
+        # waits on: a node that turns Warm after its deadline is still untainted.
         return Plan(claim.name, conditions=(tracked,))
+    kept = node.state is not None and node.state.decision == Decision.DEADLINE_KEEP
 
     gated = gate(p, node)
     times = phase_times(claim, node)
@@ -234,17 +247,17 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     claim_ev = lambda reason, msg, typ="Normal": EventSpec("NodeClaim", claim.name, claim.uid, reason, msg, typ)  # noqa: E731
     node_ev = lambda reason, msg, typ="Normal": EventSpec("Node", node.name, node.uid, reason, msg, typ)  # noqa: E731
 
-    def record(decision: str, conds: tuple[Condition, ...]) -> WarmState:
+    def record(decision: Decision, conds: tuple[Condition, ...]) -> WarmState:
         conds = tuple(replace(c, last_transition=now) for c in conds)
         return WarmState(profile=p.name, node_claim=claim.name, decision=decision,
                          launched=fmt_time(times["launched"]), registered=fmt_time(times["registered"]),
                          warm=fmt_time(times["warm"]), decided=fmt_time(now), conditions=conds)
 
-    if gated.status == "True":
+    if stage.phase is Phase.WARM:
         conds = (tracked, gated)
-        state = record("Untainted", conds)
-        labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: cache,
-                  LABEL_WARM: "true"}
+        state = record(Decision.UNTAINTED, conds)
+        labels = {PROFILE_LABEL: label_value(p.name), MODEL_LABEL: model_label(p), CACHE_LABEL: cache,
+                  WARM_LABEL: "true"}
         # The generation label the vLLM pods select on, in this same write (bootstrap/nodestatus.py says why).
         gen = warm_generation(node.annotations)
         if gen:
@@ -255,15 +268,15 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
         msg = (f"removed {key}: node Warm ({node.warm.reason}); model {model_label(p)}, compile cache {cache}"
                + (f" ({why})" if why else "") + ("; after its deadline (onDeadline=keep)" if kept else ""))
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
-                    (node_ev("Untainted", msg), claim_ev("Untainted", f"node {node.name}: {msg}")),
+                    (node_ev(EventReason.UNTAINTED, msg), claim_ev(EventReason.UNTAINTED, f"node {node.name}: {msg}")),
                     _durations(times, now),
                     # Only "cold" is final at warm time; hit/miss are counted when serving proves them
                     # (Controller._on_node), so a restored bundle is never counted as if it were a hit.
                     (("taints_removed", ""),) + ((("compile_cache", cache),) if cache == "cold" else ()))
-    if kept:
+    if stage.phase is Phase.KEPT:
         return Plan(claim.name, conditions=(tracked, gated))   # the node's next change brings it back
 
-    start = claim.registered or node.created
+    start = lifecycle.deadline_start(claim, node)
     dl = deadline(p, start, now)
     conds = (tracked, gated, dl)
     if dl.status != "True":
@@ -271,51 +284,54 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
 
     action = p.readiness.on_deadline
     base = f"not Warm after {p.readiness.deadline} (last: {gated.reason}: {gated.message})"
-    if action == "replace" and gated.reason not in UNFIXABLE_REASONS:
+    if action == OnDeadline.REPLACE and gated.reason not in UNFIXABLE_REASONS:
         by_karpenter = claim.disrupting or ("Disrupted" if node.has_taint(DISRUPTED_TAINT) else "")
         if by_karpenter:
             # Karpenter is already replacing this node (repair, drift, consolidation): a delete of ours would start
             # a second replacement for one node. Wait: if Karpenter gives up, its mark goes and this re-plans.
             return Plan(claim.name, conditions=conds + (Condition(
-                "Replacement", "True", "KarpenterReplacing",
+                ConditionType.REPLACEMENT, "True", Reason.KARPENTER_REPLACING,
                 f"{base}; not deleting NodeClaim {claim.name}: Karpenter is already disrupting it "
                 f"({by_karpenter}), and one replacement is enough"),), requeue_after=KARPENTER_RECHECK_S)
         msg = f"{base}; deleting NodeClaim {claim.name} so Karpenter launches a replacement"
         return Plan(claim.name, DELETE_CLAIM, conds, (),
-                    (node_ev("WarmDeadlineReplace", msg, "Warning"), claim_ev("WarmDeadlineReplace", msg, "Warning")),
-                    (), (("deadline", "replace"),), deadline="replace")
-    if action == "untaint":
-        state = record("DeadlineUntaint", conds)
+                    (node_ev(EventReason.WARM_DEADLINE_REPLACE, msg, "Warning"),
+                     claim_ev(EventReason.WARM_DEADLINE_REPLACE, msg, "Warning")),
+                    (), (("deadline", DeadlineOutcome.REPLACE),), deadline=DeadlineOutcome.REPLACE)
+    if action == OnDeadline.UNTAINT:
+        state = record(Decision.DEADLINE_UNTAINT, conds)
         # The vLLM pods select the profile's generation label: without it they could never land here. The
         # node is marked cold beside it (warm=cold, compile-cache=cold): its local copy is incomplete, so the
         # vLLM pod's start script (nodeclasses/servestart.py) streams the model from S3 or waits for the copy.
         gen = generation(p)
         cold = ("streams the model from S3 (cold, through the publisher's identity)" if cold_mode(p) == "stream" else
                 "waits for the agent's copy (the pod has no identity that may read the model from S3)")
-        labels = {LABEL_PROFILE: label_value(p.name), LABEL_MODEL: model_label(p), LABEL_CACHE: "cold",
-                  LABEL_WARM: "cold", GENERATION_LABEL: gen}
+        labels = {PROFILE_LABEL: label_value(p.name), MODEL_LABEL: model_label(p), CACHE_LABEL: "cold",
+                  WARM_LABEL: "cold", GENERATION_LABEL: gen}
         ops = (identity_guard(node, True) + guarded_taint_removal(node, key) + _label_ops(node, labels)
                + _state_ops(node, state))
         msg = (f"{base}; removed {key} anyway and labelled the node {GENERATION_LABEL}={gen} (the vLLM pods select "
-               f"it) and {LABEL_WARM}=cold: until this node's copy is complete, the vLLM pod {cold}, and it "
+               f"it) and {WARM_LABEL}=cold: until this node's copy is complete, the vLLM pod {cold}, and it "
                "compiles without the compile cache")
         return Plan(claim.name, UNTAINT, conds, tuple(ops),
-                    (node_ev("WarmDeadlineUntaint", msg, "Warning"), claim_ev("WarmDeadlineUntaint", msg, "Warning")),
-                    (), (("deadline", "untaint"),), deadline="untaint")
-    state = record("DeadlineKeep", conds)
+                    (node_ev(EventReason.WARM_DEADLINE_UNTAINT, msg, "Warning"),
+                     claim_ev(EventReason.WARM_DEADLINE_UNTAINT, msg, "Warning")),
+                    (), (("deadline", DeadlineOutcome.UNTAINT),), deadline=DeadlineOutcome.UNTAINT)
+    state = record(Decision.DEADLINE_KEEP, conds)
     ops = identity_guard(node, True) + _state_ops(node, state)
-    if action == "replace":
+    if action == OnDeadline.REPLACE:
         msg = (f"{base}; not replacing NodeClaim {claim.name}: a new node would fail the same way "
                f"({gated.reason}). Keeping {key}; fix the cause (profile, instance types, IAM or model source)")
         return Plan(claim.name, RECORD, conds, tuple(ops),
-                    (node_ev("WarmDeadlineNotReplaced", msg, "Warning"),
-                     claim_ev("WarmDeadlineNotReplaced", msg, "Warning")),
-                    (), (("deadline", "not_replaced"),), deadline="not_replaced")
+                    (node_ev(EventReason.WARM_DEADLINE_NOT_REPLACED, msg, "Warning"),
+                     claim_ev(EventReason.WARM_DEADLINE_NOT_REPLACED, msg, "Warning")),
+                    (), (("deadline", DeadlineOutcome.NOT_REPLACED),), deadline=DeadlineOutcome.NOT_REPLACED)
     msg = (f"{base}; keeping {key} (onDeadline=keep): the node stays unschedulable until it turns Warm or "
            "someone acts")
     return Plan(claim.name, RECORD, conds, tuple(ops),
-                (node_ev("WarmDeadlineKeep", msg, "Warning"), claim_ev("WarmDeadlineKeep", msg, "Warning")),
-                (), (("deadline", "keep"),), deadline="keep")
+                (node_ev(EventReason.WARM_DEADLINE_KEEP, msg, "Warning"),
+                 claim_ev(EventReason.WARM_DEADLINE_KEEP, msg, "Warning")),
+                (), (("deadline", DeadlineOutcome.KEEP),), deadline=DeadlineOutcome.KEEP)
 
 
 def cleanup_held(profile: str, pool: str, keys: list[str], nodeclaims: int, p: WarmProfile | None) -> Condition:

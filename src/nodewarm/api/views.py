@@ -1,4 +1,7 @@
-"""What the controller observes, as small typed views, and the state it records in the cluster.
+"""NodeClaims, Nodes and WarmProfiles as small typed views, and the record the controller keeps on a Node.
+
+The controller caches these views and plans on them; `nodewarm status` builds the same views from what it lists, so
+both read an object one way (nodewarm.api.lifecycle derives where a node stands from them).
 
 Where per-NodeClaim state lives, and why: NodeClaim ``status`` belongs to Karpenter (its status writer
 would overwrite our conditions), so the controller records its state in one annotation on the *Node*,
@@ -9,7 +12,7 @@ nothing again). Before a decision nothing needs persisting: launched/registered 
 NodeClaim's own conditions and warm from the Node's condition, so a restarted controller re-derives
 them from the cluster. The ``replace`` decision needs no record: the NodeClaim's deletionTimestamp is it.
 
-Views keep only the fields the controller reads (a realistic Node is ~30 KB of JSON, mostly its image
+Views keep only the fields the controller or `status` reads (a realistic Node is ~30 KB of JSON, mostly its image
 list; its view is a few hundred bytes), so the informer caches of a 5,000-node cluster stay small.
 ``resource_version`` rides along for guarded writes but is left out of equality: a change the
 controller does not read (a heartbeat, someone's label) must not look like a change.
@@ -20,17 +23,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 
-from nodewarm.api.names import (  # noqa: F401  (re-exported: the controller's modules import them here)
-    CACHE_ANNOTATION, CACHE_LABEL, CACHE_REASON_ANNOTATION, GENERATION_LABEL, NODEPOOL_LABEL, PROFILE_LABEL,
-    STATE_ANNOTATION, TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION,
-)
+from . import defaults
+from .decisions import Decision
+from .names import CLEANUP_CONDITION, CLEANUP_FINALIZER, NODEPOOL_LABEL, STATE_ANNOTATION, TIMELINE_ANNOTATION, \
+    WARM_CONDITION, WARM_GENERATION_ANNOTATION
+from .timeutil import fmt_time, parse_time
 
-LABEL_PROFILE = PROFILE_LABEL
-LABEL_MODEL = "nodewarm.io/model"
-LABEL_CACHE = CACHE_LABEL
-LABEL_WARM = "nodewarm.io/warm"
+# Karpenter's NodeClaim lifecycle conditions (kubernetes-sigs/karpenter pkg/apis/v1 nodeclaim_status.go).
+LAUNCHED = "Launched"
+REGISTERED = "Registered"
+INITIALIZED = "Initialized"
+
 # What the agent records as the generation it warmed (nodewarm.generation: 16 hex digits).
 _GENERATION = re.compile(r"^[0-9a-f]{16}$")
 
@@ -39,33 +43,6 @@ def warm_generation(annotations: dict[str, str]) -> str | None:
     """The generation a node warmed (its agent's annotation) when it is one; an odd value labels nothing."""
     v = annotations.get(WARM_GENERATION_ANNOTATION, "")
     return v if _GENERATION.match(v) else None
-
-
-def parse_time(s: str | None) -> float | None:
-    if not s:
-        return None
-    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-
-
-def fmt_time(t: float | None) -> str | None:
-    """RFC3339 in UTC with milliseconds (the bench needs sub-second phase times)."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def fmt_time_s(t: float) -> str:
-    """Seconds precision: what metav1.Time fields (condition/event times) accept."""
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-_LABEL_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def label_value(s: str) -> str:
-    """Squeeze any string into a valid label value (<= 63 chars, alnum at both ends)."""
-    v = _LABEL_BAD.sub("-", s)[:63]
-    return v.strip("-_.")
 
 
 @dataclass(frozen=True)
@@ -86,11 +63,18 @@ class Condition:
                    parse_time(d.get("lastTransitionTime")))
 
 
-def _condition(obj: dict, ctype: str) -> Condition | None:
+def condition(obj: dict, ctype: str) -> Condition | None:
+    """The object's ``status.conditions`` entry of that type."""
     for c in (obj.get("status") or {}).get("conditions") or ():
         if c.get("type") == ctype:
             return Condition.from_dict(c)
     return None
+
+
+def true_at(obj: dict, ctype: str) -> float | None:
+    """When the condition turned True, if it is True."""
+    c = condition(obj, ctype)
+    return c.last_transition if c and c.status == "True" else None
 
 
 @dataclass(frozen=True)
@@ -109,16 +93,12 @@ class ClaimView:
     @classmethod
     def from_obj(cls, o: dict) -> "ClaimView":
         md, status = o["metadata"], o.get("status") or {}
-
-        def true_at(t: str) -> float | None:
-            c = _condition(o, t)
-            return c.last_transition if c and c.status == "True" else None
-
         return cls(
             name=md["name"], uid=md.get("uid", ""), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             provider_id=status.get("providerID", ""), created=parse_time(md.get("creationTimestamp")) or 0.0,
-            deleting=bool(md.get("deletionTimestamp")), launched=true_at("Launched"), registered=true_at("Registered"),
-            resource_version=md.get("resourceVersion", ""), disrupting=karpenter_disruption(o),
+            deleting=bool(md.get("deletionTimestamp")), launched=true_at(o, LAUNCHED),
+            registered=true_at(o, REGISTERED), resource_version=md.get("resourceVersion", ""),
+            disrupting=karpenter_disruption(o),
         )
 
 
@@ -134,7 +114,7 @@ TERMINATION_TIMESTAMP_ANNOTATION = "karpenter.sh/nodeclaim-termination-timestamp
 
 def karpenter_disruption(o: dict) -> str:
     """Why Karpenter is already disrupting this NodeClaim (its DisruptionReason, or repair's termination stamp)."""
-    c = _condition(o, DISRUPTION_CONDITION)
+    c = condition(o, DISRUPTION_CONDITION)
     if c is not None and c.status == "True":
         return c.reason or DISRUPTION_CONDITION
     if TERMINATION_TIMESTAMP_ANNOTATION in (o["metadata"].get("annotations") or {}):
@@ -166,7 +146,7 @@ class NodeView:
             created=parse_time(md.get("creationTimestamp")) or 0.0, deleting=bool(md.get("deletionTimestamp")),
             any_labels=bool(md.get("labels")), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             annotations=ann, any_annotations=bool(md.get("annotations")),
-            taints=tuple(spec.get("taints") or ()), warm=_condition(o, WARM_CONDITION),
+            taints=tuple(spec.get("taints") or ()), warm=condition(o, WARM_CONDITION),
             resource_version=md.get("resourceVersion", ""),
         )
 
@@ -180,8 +160,12 @@ class NodeView:
 
     @property
     def timeline(self) -> dict[str, str]:
+        return self.json_annotation(TIMELINE_ANNOTATION)
+
+    def json_annotation(self, key: str) -> dict:
+        """A nodewarm.io/* annotation holding a JSON object; {} when it is missing or anything else."""
         try:
-            v = json.loads(self.annotations.get(TIMELINE_ANNOTATION, "{}"))
+            v = json.loads(self.annotations.get(key, "{}"))
         except ValueError:
             return {}
         return v if isinstance(v, dict) else {}
@@ -193,7 +177,7 @@ class WarmState:
 
     profile: str
     node_claim: str
-    decision: str                   # Untainted | DeadlineUntaint | DeadlineKeep (a late Warm still lifts it)
+    decision: Decision              # only DeadlineKeep is not final (a late Warm still lifts the taint)
     launched: str | None = None
     registered: str | None = None
     warm: str | None = None
@@ -210,10 +194,46 @@ class WarmState:
     def from_json(cls, s: str) -> "WarmState | None":
         try:
             d = json.loads(s)
-            return cls(profile=d["profile"], node_claim=d["nodeClaim"], decision=d["decision"],
+            return cls(profile=d["profile"], node_claim=d["nodeClaim"], decision=Decision(d["decision"]),
                        launched=d.get("launched"), registered=d.get("registered"), warm=d.get("warm"),
                        decided=d.get("decided"),
                        conditions=tuple(Condition.from_dict(c) for c in d.get("conditions") or ()))
         except (ValueError, KeyError, TypeError):
-            # A hand-edited or foreign value is not a record of ours: treat the node as undecided.
+            # A hand-edited or foreign value (a decision nodewarm never writes included) is not a record of ours:
+            # treat the node as undecided.
             return None
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    """What of a WarmProfile object decides which NodePool it gates and how: readable without the profile's loader
+    (nodewarm.profile, which `status` must not import), so even a profile the loader refuses shows its nodes."""
+
+    name: str
+    created: float
+    deleting: bool
+    finalizers: tuple[str, ...]
+    node_pool: str
+    taint_key: str
+    deadline: str
+    on_deadline: str
+    retired_taint_keys: tuple[str, ...]     # status.injected: keys an earlier spec put on the pool's nodes
+    cleanup: Condition | None               # the controller's Cleanup condition on a deleted profile
+
+    @property
+    def held(self) -> bool:
+        """Deleted, its clean-up still holding it (finalizer on): it keeps gating its pool (lifecycle.binding_order)."""
+        return self.deleting and CLEANUP_FINALIZER in self.finalizers
+
+    @classmethod
+    def from_obj(cls, o: dict) -> "ProfileMeta":
+        md, spec = o["metadata"], o.get("spec") or {}
+        r = spec.get("readiness") or {}
+        return cls(name=md["name"], created=parse_time(md.get("creationTimestamp")) or 0.0,
+                   deleting=bool(md.get("deletionTimestamp")), finalizers=tuple(md.get("finalizers") or ()),
+                   node_pool=(spec.get("nodes") or {}).get("nodePool", ""),
+                   taint_key=r.get("taintKey", defaults.TAINT_KEY), deadline=r.get("deadline", defaults.DEADLINE),
+                   on_deadline=r.get("onDeadline", defaults.ON_DEADLINE),
+                   retired_taint_keys=tuple(((o.get("status") or {}).get("injected") or {}).get("retiredTaintKeys")
+                                            or ()),
+                   cleanup=condition(o, CLEANUP_CONDITION))
