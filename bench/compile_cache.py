@@ -34,6 +34,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
@@ -123,7 +124,7 @@ def main() -> int:
             store = CacheStore(parse_uri("s3://bench-cc/compile-cache"))
             pair = signing.generate(work / "signing.pem")
             probe, hw = cachekey.probe_runtime(), hardware.probe(env=os.environ)
-            factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("bench/compile_cache.py",
+            factors = cachekey.build_factors(probe, hw, ServingSpec("bench/compile_cache.py",
                                                                              " ".join(model_args)), os.environ)
 
             cold = run_model(work / "nodeA", model_args)
@@ -144,7 +145,7 @@ def main() -> int:
             warm = run_model(node_b, model_args)
             verdict = hitcheck.verify_hit(node_roots(node_b), rest.baseline, restored=True, counters=warm["counters"])
 
-            small_spec = cachekey.ServingSpec("bench/compile_cache.py", " ".join(model_args), image=SMALL_IMAGE)
+            small_spec = ServingSpec("bench/compile_cache.py", " ".join(model_args), image=SMALL_IMAGE)
             small = cachekey.build_factors(probe, hw, small_spec, os.environ)
             phase = agent_restore_phase(store, server, probe, small, node_roots(work / "nodeA")["inductor"],
                                         signing_key, pair.public, work / "agent")

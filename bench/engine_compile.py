@@ -34,7 +34,7 @@ from pathlib import Path
 from nodewarm import profile
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, signing
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
-from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.api.servingspec import serving_spec
 from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm_dev.testenv import enginenode, podrun, s3server, vllmclient
 from nodewarm_dev.testenv.ports import free_port

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodewarm import instancetypes, profile, sizing
+from nodewarm.api import podlayout, warmprofile
 from nodewarm.api.errors import ProfileError
 from support.builders import v
 
@@ -61,12 +62,12 @@ def test_valid_profiles_in_both_modes_apply_defaults():
     assert k.nodes.cache_mount == "/mnt/k8s-disks/0"
     a = checked(v("automode"))
     assert a.nodes.cache_mount == "/mnt/.ephemeral"
-    assert a.model_dir.startswith("/mnt/.ephemeral/nodewarm/models/")
+    assert podlayout.model_dir(a).startswith("/mnt/.ephemeral/nodewarm/models/")
 
 
 @pytest.mark.parametrize("size, expected", [(10, 3), (67, 17), (140, 35), (4, 1), (4.01, 2), (0.5, 1)])
 def test_concurrency_is_ceil_size_over_chunk(size, expected):
-    assert sizing.streamer_concurrency(size, 4) == expected
+    assert warmprofile.streamer_concurrency(size, 4) == expected
     if size >= 10:
         assert checked(v(spec__model__sizeGB=size)).concurrency == expected
 

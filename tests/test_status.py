@@ -333,7 +333,7 @@ def test_names_match_their_owners_and_the_module_stays_light():
     import sys
 
     from nodewarm.controller import plan
-    from nodewarm.generation import GENERATION_LABEL
+    from nodewarm.api.names import GENERATION_LABEL
 
     # One name each, from nodewarm.api.names, for the controller that writes it and the status that reads it.
     assert status.STATE_ANNOTATION is plan.STATE_ANNOTATION and status.GENERATION_LABEL is GENERATION_LABEL

@@ -1,4 +1,4 @@
-"""The WarmProfile: the user's one document, parsed into typed, validated settings.
+"""The WarmProfile: the user's one document, parsed into its typed settings (nodewarm.api.warmprofile) and validated.
 
 Validation happens in two layers, both reporting ``field: bad value: fix``:
 1. the JSON Schema (shape, types, enums, unknown fields), shared with the CRD;
@@ -10,7 +10,6 @@ Validation happens in two layers, both reporting ``field: bad value: fix``:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,199 +17,14 @@ import jsonschema
 import yaml
 
 from . import instancetypes, sizing
-from .api.errors import ProfileError
 from .api import defaults
+from .api.errors import ProfileError
 from .api.schema import strict_schema
-
-
-@dataclass(frozen=True)
-class Model:
-    uri: str
-    size_gb: float | None
-    revision: str
-
-
-@dataclass(frozen=True)
-class Serving:
-    image: str
-    tensor_parallel_size: int
-    max_model_len: int | None
-    chunk_size_gb: float
-    dtype: str
-    replicas: int
-    namespace: str
-    port: int
-    s3_request_timeout_ms: int
-    s3_low_speed_limit: int
-    extra_args: tuple[str, ...]
-    allow_eager: bool = False
-    cpu_request: str | None = None      # None: sized from the GPUs (nodeclasses/vllm.py)
-    memory_request: str | None = None
-
-
-@dataclass(frozen=True)
-class NodeLimits:
-    gpus: int | None               # None: sized from the replicas (nodeclasses/nodepool.py)
-    cpu: str | None
-    memory: str | None
-
-
-@dataclass(frozen=True)
-class DriftWindow:
-    start: str                     # HH:MM, UTC (Karpenter's budget schedules are UTC cron)
-    duration: str                  # Karpenter duration, under 24h
-
-
-@dataclass(frozen=True)
-class DriftPace:
-    """How fast drift (an AMI release, a changed alias or template) may replace warm nodes: NodePool budgets with
-    reasons [Drifted] (nodeclasses/nodepool.py renders them)."""
-
-    nodes: str = "1"
-    window: DriftWindow | None = None
-
-
-@dataclass(frozen=True)
-class Disruption:
-    consolidation_policy: str      # WhenEmpty | WhenEmptyOrUnderutilized
-    consolidate_after: str         # Karpenter duration or Never
-    budgets: tuple[dict, ...]      # as Karpenter spells them; empty: nodewarm's default
-    drift: DriftPace | None = None
-
-
-@dataclass(frozen=True)
-class Nodes:
-    mode: str                      # karpenter | automode
-    node_pool: str
-    node_class: str
-    instance_types: tuple[str, ...]
-    role: str | None
-    ami_alias: str                 # "family@version"; "" when unset (render refuses it in karpenter mode)
-    subnet_selector_terms: tuple[dict, ...]
-    security_group_selector_terms: tuple[dict, ...]
-    user_data: str | None
-    ephemeral_storage_size: str | None
-    region: str | None
-    capacity_types: tuple[str, ...] = ()
-    capacity_reservation_ids: tuple[str, ...] = ()
-    limits: NodeLimits = NodeLimits(None, None, None)
-    disruption: Disruption = Disruption("WhenEmpty", "10m", ())
-
-    @property
-    def cache_mount(self) -> str:
-        """Where the node's NVMe RAID is mounted (nodeadm on AL2023; apiclient on Bottlerocket/Auto Mode)."""
-        if self.mode == "automode" or self.ami_alias.startswith("bottlerocket@"):
-            return "/mnt/.ephemeral"
-        return "/mnt/k8s-disks/0"
-
-
-@dataclass(frozen=True)
-class Publisher:
-    image: str
-    signing_key_secret: str
-    quiet_seconds: int
-
-
-@dataclass(frozen=True)
-class CompileCache:
-    uri: str
-    verify_key: str | None
-    publisher: Publisher | None
-
-
-@dataclass(frozen=True)
-class Readiness:
-    taint_key: str
-    deadline: str
-    on_deadline: str               # untaint | replace | keep
-
-    @property
-    def deadline_s(self) -> int:
-        return sizing.parse_duration_s(self.deadline)
-
-
-@dataclass(frozen=True)
-class Aws:
-    identity: str                  # podIdentity | irsa | node
-    cluster_name: str | None
-    agent_role_arn: str | None
-    publisher_role_arn: str | None
-    kms_key_arn: str | None
-
-
-@dataclass(frozen=True)
-class Injection:
-    mode: str                      # inject | verify
-    on_live: str                   # refuse | drift
-
-
-@dataclass(frozen=True)
-class Bootstrap:
-    image: str | None
-    artifact_uri: str | None
-    artifact_sha256: str | None
-    allow_non_nvme: bool
-    namespace: str = "nodewarm-system"
-    image_prepull_timeout: str = "10m"
-
-    @property
-    def image_prepull_timeout_s(self) -> int:
-        return sizing.parse_duration_s(self.image_prepull_timeout)
-
-
-@dataclass(frozen=True)
-class WarmProfile:
-    name: str
-    model: Model
-    serving: Serving
-    nodes: Nodes
-    compile_cache: CompileCache
-    readiness: Readiness
-    bootstrap: Bootstrap
-    injection: Injection = Injection("inject", "refuse")
-    aws: Aws = Aws("node", None, None, None, None)
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
-
-    @property
-    def size_gb(self) -> float:
-        if self.model.size_gb is None:
-            raise ProfileError("spec.model.sizeGB", None, "set it, or let `nodewarm render --measure` list the S3 prefix")
-        return self.model.size_gb
-
-    @property
-    def concurrency(self) -> int:
-        return sizing.streamer_concurrency(self.size_gb, self.serving.chunk_size_gb)
-
-    @property
-    def uses_daemonset(self) -> bool:
-        """Auto Mode has no user data and Bottlerocket has no shell: there the agent is a DaemonSet (a pod)."""
-        return self.nodes.mode == "automode" or self.nodes.ami_alias.startswith("bottlerocket@")
-
-    @property
-    def pods_need_aws(self) -> bool:
-        """Whether a nodewarm pod (the DaemonSet agent, the publisher sidecar) needs AWS credentials."""
-        return self.uses_daemonset or self.compile_cache.publisher is not None
-
-    @property
-    def models_dir(self) -> str:
-        """The profile's folder of weights on the node: one subfolder per model identity (generation.model_key)."""
-        return f"{self.nodes.cache_mount}/nodewarm/models/{self.name}"
-
-    @property
-    def model_dir(self) -> str:
-        """Where this model's weights land on the node, and where vLLM reads them from."""
-        from .generation import model_key
-
-        return f"{self.models_dir}/{model_key(self)}"
-
-    @property
-    def compile_cache_dir(self) -> str:
-        """The hostPath vLLM's XDG_CACHE_HOME / Inductor / Triton caches live in (the AWS guide's layout)."""
-        return f"{self.nodes.cache_mount}/compile-cache"
-
-    def with_size(self, size_gb: float) -> "WarmProfile":
-        from dataclasses import replace
-        return replace(self, model=replace(self.model, size_gb=size_gb))
+from .api.servingspec import checked_extra_args, serving_spec
+from .api.warmprofile import (
+    Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, Injection, Model, NodeLimits, Nodes, Publisher,
+    Readiness, Serving, WarmProfile, parse_duration_s,
+)
 
 
 def _path(err: jsonschema.ValidationError) -> str:
@@ -285,7 +99,7 @@ def _check_deadline(doc: Any) -> None:
     spec = doc.get("spec") if isinstance(doc, dict) else None
     r = spec.get("readiness") if isinstance(spec, dict) else None
     d = r.get("deadline") if isinstance(r, dict) else None
-    if isinstance(d, str) and d[:-1].isdigit() and d[-1:] in ("s", "m", "h") and sizing.parse_duration_s(d) < MIN_DEADLINE_S:
+    if isinstance(d, str) and d[:-1].isdigit() and d[-1:] in ("s", "m", "h") and parse_duration_s(d) < MIN_DEADLINE_S:
         raise ProfileError("spec.readiness.deadline", d, "must be at least 1m (e.g. 20m): a node needs that long to "
                            "register and pull its weights; a shorter deadline would act on every node before it "
                            "could turn Warm")
@@ -309,7 +123,7 @@ DEFAULT_PREPULL_TIMEOUT_S = 600
 def default_prepull_timeout(deadline: str) -> str:
     """10m, or half the readiness deadline when that is shorter: the pre-pull must give up (and say so) before
     the deadline acts on the node. Not a schema default, which could not follow the deadline."""
-    s = min(DEFAULT_PREPULL_TIMEOUT_S, sizing.parse_duration_s(deadline) // 2)
+    s = min(DEFAULT_PREPULL_TIMEOUT_S, parse_duration_s(deadline) // 2)
     return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
 
 
@@ -416,23 +230,14 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.9
 KV_ACTIVATION_RESERVE_GIB = 4.0
 
 
-def _serving(p: WarmProfile):
-    """The engine settings as vLLM will get them (extraArgs validated, PP and gpu-memory-utilization read with
-    vLLM's spelling rules). Imported here, not at the top: nodeclasses.servingspec imports this module."""
-    from .nodeclasses.servingspec import serving_spec
-
-    return serving_spec(p)
-
-
 def pipeline_parallel_size(p: WarmProfile) -> int:
-    return _serving(p).pp
+    """PP as vLLM will get it (extraArgs validated and read with vLLM's spelling rules)."""
+    return serving_spec(p).pp
 
 
 def gpu_memory_utilization(p: WarmProfile) -> float:
     # From the checked extraArgs, not the key's engine settings: vLLM's compile hash leaves the fraction out, so
     # the key does too, but the fit check needs it.
-    from .nodeclasses.servingspec import checked_extra_args
-
     given = [a.value for a in checked_extra_args(p) if a.name == "gpu-memory-utilization"]
     v = given[-1] if given else None
     try:
@@ -502,7 +307,7 @@ def check_nodepool(p: WarmProfile) -> None:
             raise ProfileError(f"{where}.{'duration' if 'schedule' in b else 'schedule'}", None,
                                "schedule and duration go together (Karpenter's rule): set both or neither")
     pace = n.disruption.drift
-    if pace is not None and pace.window is not None and sizing.parse_duration_s(pace.window.duration) >= 86400:
+    if pace is not None and pace.window is not None and parse_duration_s(pace.window.duration) >= 86400:
         raise ProfileError("spec.nodes.disruption.drift.window.duration", pace.window.duration,
                            "a daily window shorter than 24h, e.g. 4h; for no window at all, remove window")
 

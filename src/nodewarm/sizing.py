@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 GB = 10**9
 GIB = 2**30
 
@@ -33,11 +31,6 @@ def required_nvme_gb(model_gb: float) -> float:
     return model_gb + headroom_gb(model_gb)
 
 
-def streamer_concurrency(size_gb: float, chunk_gb: float) -> int:
-    """The reference formula: one Run:ai streamer worker per chunk of the model, at least 1."""
-    return max(1, math.ceil(size_gb / chunk_gb))
-
-
 def parse_quantity_bytes(q: str) -> int:
     """'3800G', '100Gi', '2T', '1Ti' -> bytes (the units Auto Mode's ephemeralStorage.size documents)."""
     units = {"G": GB, "Gi": GIB, "T": 1000 * GB, "Ti": 1024 * GIB}
@@ -51,8 +44,3 @@ def automode_ephemeral_size(smallest_nvme_gb: int) -> str:
     """The Auto Mode ``ephemeralStorage.size``: whole GiB, strictly below the smallest NVMe capacity."""
     limit_bytes = smallest_nvme_gb * GB * (1 - AUTOMODE_MARGIN_FRACTION)
     return f"{int(limit_bytes // GIB)}Gi"
-
-
-def parse_duration_s(text: str) -> int:
-    """'90s', '20m', '2h' -> seconds (the schema's pattern guarantees the shape)."""
-    return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]

@@ -98,7 +98,7 @@ def fmt_gb(n: int) -> str:
 
 
 def _duration_s(text: str) -> float | None:
-    from nodewarm.sizing import parse_duration_s
+    from nodewarm.api.warmprofile import parse_duration_s
 
     try:
         return float(parse_duration_s(text))

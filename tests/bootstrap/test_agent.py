@@ -11,7 +11,9 @@ import pytest
 from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, warmprofile  # noqa: F401
 from support.builders import NO_CACHE, v
 from support.bootstrap_fixtures import model_files, proxy, put_model  # noqa: F401
-from nodewarm import generation, profile
+from nodewarm import profile
+from nodewarm.api import generation
+from nodewarm.api.names import GENERATION_LABEL
 from support.launch import BUCKET, aws_path, bucket, run_launch  # noqa: F401  (fixtures)
 from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
@@ -263,4 +265,4 @@ def test_on_a_node_without_the_startup_taint_the_agent_labels_its_generation_its
     kubelet_pulls(doc, NODE)
     assert run_agent(kube, tmp_path, "agent-nt") == 0
     labels = k.get(NODES, NODE)["metadata"]["labels"]
-    assert labels[generation.GENERATION_LABEL] == generation.generation(profile.from_dict(doc))
+    assert labels[GENERATION_LABEL] == generation.generation(profile.from_dict(doc))

@@ -15,10 +15,11 @@ from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, w
 from support.builders import NO_CACHE, v
 from support.bootstrap_fixtures import model_files, put_model
 from support.controller_fixtures import wait_for
-from nodewarm import generation, profile
+from nodewarm import profile
+from nodewarm.api import generation
 from nodewarm.bootstrap.follow import Follower, FollowOptions, older_pods, stale_model_dirs
 from nodewarm.controller.kube import NODES, Resource
-from nodewarm.generation import GENERATION_LABEL
+from nodewarm.api.names import GENERATION_LABEL
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)

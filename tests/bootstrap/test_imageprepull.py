@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 import pytest
 
 from nodewarm import instancetypes, profile
+from nodewarm.api import prepullpod
+from nodewarm.api.warmprofile import WarmProfile
 from support.controller_fixtures import wait_for
 from nodewarm.bootstrap.imageprepull import deadline_result, judge, pick, same_image, wait_for_image
 from nodewarm.controller.kube import STRATEGIC_PATCH, Kube, Resource
@@ -72,7 +74,7 @@ def waiting(reason: str, message: str | None = None) -> dict:
 def init_status(state: dict, image: str, image_id: str = "") -> dict:
     """One entry of initContainerStatuses, every field the kubelet always sends."""
     done = "terminated" in state
-    return {"name": prepull.CONTAINER, "state": state, "lastState": {}, "ready": done, "restartCount": 0,
+    return {"name": prepullpod.CONTAINER, "state": state, "lastState": {}, "ready": done, "restartCount": 0,
             "image": image, "imageID": image_id,
             **({"containerID": state["terminated"]["containerID"]} if done else {})}
 
@@ -101,7 +103,7 @@ def pod_status(init: dict) -> dict:
                   cond("Ready", initialized, "ContainersNotReady"),
                   cond("ContainersReady", initialized, "ContainersNotReady"), cond("PodScheduled", True)]
     if not initialized:
-        conditions[0]["message"] = f"containers with incomplete status: [{prepull.CONTAINER}]"
+        conditions[0]["message"] = f"containers with incomplete status: [{prepullpod.CONTAINER}]"
     return {"phase": "Running" if initialized else "Pending", "hostIP": "10.0.3.17", "podIP": "10.0.3.201",
             "podIPs": [{"ip": "10.0.3.201"}], "startTime": _now(), "conditions": conditions,
             "$setElementOrder/conditions": [{"type": c["type"]} for c in conditions],
@@ -293,13 +295,13 @@ class World:
         self.kubelet = Kubelet(kube, NODE)
         self.pods: list[dict] = []
 
-    def _profile(self, image: str) -> profile.WarmProfile:
+    def _profile(self, image: str) -> WarmProfile:
         return profile.from_dict(doc(self.mode, self.name, image, spec__nodes__nodePool=f"{self.name}-pool",
                                      spec__nodes__nodeClass=f"{self.name}-class",
                                      spec__bootstrap__namespace=self.namespace))
 
     @staticmethod
-    def _render(p: profile.WarmProfile) -> list[dict]:
+    def _render(p: WarmProfile) -> list[dict]:
         return render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
 
     def schedule(self) -> dict:

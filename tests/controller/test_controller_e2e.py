@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from nodewarm import generation
+from nodewarm.api import generation
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.controller import Controller
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES

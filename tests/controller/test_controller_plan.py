@@ -105,7 +105,7 @@ def test_a_deadline_untaint_labels_the_profiles_generation_and_marks_the_node_co
     """onDeadline=untaint must let the vLLM pods land (they select the profile's generation label): the label
     of the profile, never a generation the agent recorded (it did not finish), with the cold marks beside it in
     the same write, and an Event that says what happens: the pod streams from S3."""
-    from nodewarm.generation import generation
+    from nodewarm.api.generation import generation
 
     node = node_obj(warm="False", annotations={"nodewarm.io/warm-generation": "4f2a9c1e0b7d3a65"})
     pl = plan(node, now=T0 + 21 * 60)

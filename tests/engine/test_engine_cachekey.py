@@ -22,8 +22,8 @@ import pytest
 
 from nodewarm import profile
 from nodewarm.bootstrap.compilecache import cachekey, hardware
-from nodewarm.nodeclasses.podlayout import CACHE_MOUNT
-from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.api.podlayout import CACHE_MOUNT
+from nodewarm.api.servingspec import serving_spec
 from nodewarm_dev.testenv import enginenode, podrun, vllmhash
 from support.builders import v
 

@@ -24,13 +24,14 @@ import pytest
 from kubernetes import config as kubeconfig
 
 from nodewarm import profile
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, runtimedesc, signing
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key, parse_uri, stale_key
 from nodewarm.controller.kube import NODES
 from nodewarm.kubeapply import apply
 from nodewarm.api.names import CACHE_ANNOTATION, CACHE_REASON_ANNOTATION
-from nodewarm.nodeclasses.podlayout import cache_dirs
-from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.api.podlayout import cache_dirs
+from nodewarm.api.servingspec import serving_spec
 from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm_dev.testenv import enginenode, vllmclient
 from nodewarm_dev.testenv.ports import free_port
@@ -56,7 +57,7 @@ class World:
 @dataclass
 class Served:
     node: enginenode.Node
-    p: profile.WarmProfile
+    p: WarmProfile
     warm: object                   # agent.AgentResult
     vllm_log: str
     evidence: enginenode.EngineEvidence

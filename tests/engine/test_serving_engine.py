@@ -32,7 +32,8 @@ import pytest
 from support.faultproxy import FaultProxy
 from nodewarm import instancetypes, profile
 from nodewarm.nodeclasses import servestart
-from nodewarm.nodeclasses.podlayout import model_path
+from nodewarm.api.podlayout import model_dir, model_path
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import enginenode, podrun, vllmclient
 from nodewarm_dev.testenv.ports import free_port
@@ -53,7 +54,7 @@ PUBLISHER = dict(spec__compileCache__verifyKey="A" * 43 + "=", spec__aws__identi
 
 @dataclass(frozen=True)
 class Rendered:
-    profile: profile.WarmProfile
+    profile: WarmProfile
     pod: dict
     configmaps: dict[str, dict]
 
@@ -62,7 +63,7 @@ class Rendered:
         return self.profile.serving.port
 
     def host_model_dir(self, node_root: Path) -> Path:
-        return node_root / self.profile.model_dir.lstrip("/")
+        return node_root / model_dir(self.profile).lstrip("/")
 
 
 def rendered(publisher: bool) -> Rendered:

@@ -13,8 +13,8 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import ProfileError
-from nodewarm.nodeclasses import servingspec
-from nodewarm.nodeclasses.podlayout import model_path
+from nodewarm.api import servingspec
+from nodewarm.api.podlayout import model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import podrun
 from support.builders import v

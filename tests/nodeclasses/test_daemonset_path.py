@@ -16,10 +16,11 @@ import pytest
 
 from support.bootstrap_fixtures import model_files, put_model
 from support.controller_fixtures import running, taint_keys, uniq, wait_for
-from nodewarm import generation, instancetypes, profile
+from nodewarm import instancetypes, profile
+from nodewarm.api import generation, prepullpod
+from nodewarm.api.names import GENERATION_LABEL
 from nodewarm.controller.kube import NODES
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 from support.builders import v
@@ -63,7 +64,7 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
     sim = KarpenterSim(admin)
     node = sim.scale_up(p.nodes.node_pool).node
     # The DaemonSet controller and the kubelet: the serving image's pre-pull pod on the node, pulled.
-    sim.run_daemonset_pod(node, p.bootstrap.namespace, prepull.daemonset_name(p.name))
+    sim.run_daemonset_pod(node, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
     # The cloud provider labels the node's region; the agent has no other way to learn it on Auto Mode.
     k.merge_patch(NODES, node, {"metadata": {"labels": {"topology.kubernetes.io/region": "us-west-2"}}})
     assert p.readiness.taint_key in taint_keys(k, node)
@@ -91,7 +92,7 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
         got = k.get(NODES, node)
         cond = next(c for c in got["status"]["conditions"] if c["type"] == "nodewarm.io/Warm")
         assert (cond["status"], cond["reason"]) == ("True", "WeightsVerified"), cond
-        assert got["metadata"]["labels"][generation.GENERATION_LABEL] == generation.generation(p)
+        assert got["metadata"]["labels"][GENERATION_LABEL] == generation.generation(p)
         # Read with the DaemonSet's ServiceAccount and the Role render gives it, nothing more.
         assert got["metadata"]["annotations"]["nodewarm.io/image-prepull"] == "pulled ImagePulled"
         assert list((nvme / "nodewarm" / "models" / name / generation.model_key(p)).glob("*.safetensors"))

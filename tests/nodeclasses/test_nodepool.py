@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from nodewarm import instancetypes, profile
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.api.errors import ProfileError
 from nodewarm.nodeclasses import crdvalidate, drift, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
@@ -20,7 +21,7 @@ from support.builders import v
 RESERVED = ["cr-0123456789abcdef0"]
 
 
-def checked(doc) -> tuple[profile.WarmProfile, dict]:
+def checked(doc) -> tuple[WarmProfile, dict]:
     p = profile.from_dict(doc)
     types = instancetypes.lookup(list(p.nodes.instance_types))
     profile.check(p, types)

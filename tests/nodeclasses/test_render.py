@@ -11,6 +11,7 @@ import yaml
 from nodewarm import instancetypes, profile
 from nodewarm.cli import main
 from nodewarm.kubeapply import apply
+from nodewarm.api import prepullpod
 from nodewarm.nodeclasses import crdvalidate, prepull
 from nodewarm.api.names import PROFILE_LABEL
 from nodewarm.nodeclasses.render import render
@@ -172,7 +173,7 @@ def test_every_launcher_renders_the_serving_image_prepull(name):
     # The agent finds the pod by this selector. The profile label would make it a vLLM pod of an older generation
     # to the agent (profilesource.pods_on_node), which would then never free old weights.
     labels = ds["spec"]["template"]["metadata"]["labels"]
-    wanted = dict(kv.split("=") for kv in prepull.label_selector("qwen3-35b").split(","))
+    wanted = dict(kv.split("=") for kv in prepullpod.label_selector("qwen3-35b").split(","))
     assert wanted == ds["spec"]["selector"]["matchLabels"] and wanted.items() <= labels.items()
     assert PROFILE_LABEL not in labels
 
@@ -196,7 +197,7 @@ def test_the_agent_waits_for_the_rendered_prepull_pod():
     cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
     assert cfg.serving_image == ds["spec"]["template"]["spec"]["initContainers"][0]["image"]
     assert cfg.prepull_namespace == ds["metadata"]["namespace"] == "warm-ns"
-    assert ds["spec"]["selector"]["matchLabels"] == prepull.selector(cfg.profile)
+    assert ds["spec"]["selector"]["matchLabels"] == prepullpod.selector(cfg.profile)
     assert cfg.prepull_deadline_s == 90.0
 
 

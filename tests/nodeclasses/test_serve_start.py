@@ -20,7 +20,9 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.bootstrap.weights import manifest, pipeline
-from nodewarm.nodeclasses import servestart
+from nodewarm.api.podlayout import model_dir
+from nodewarm.api.warmprofile import cold_mode
+from nodewarm.nodeclasses import servestart, vllm
 from nodewarm.nodeclasses.render import render
 from support.builders import v
 
@@ -49,7 +51,7 @@ def script(tmp_path_factory) -> Path:
     """The script exactly as the rendered ConfigMap ships it."""
     p, _ = _profile()
     path = tmp_path_factory.mktemp("serve-start") / servestart.SCRIPT_KEY
-    path.write_text(servestart.configmap(p)["data"][servestart.SCRIPT_KEY])
+    path.write_text(vllm.start_script_configmap(p)["data"][servestart.SCRIPT_KEY])
     return path
 
 
@@ -330,7 +332,7 @@ def test_deployment_starts_through_the_script_and_the_configmap_is_rendered(scri
     assert vols["serve-start"]["configMap"]["name"] == cm["metadata"]["name"]
     assert mounts["serve-start"] == {"name": "serve-start", "mountPath": "/nodewarm/serve-start", "readOnly": True}
     # An absent copy no longer fails the pod; vLLM only ever reads it read-only, and only when complete.
-    assert vols["weights"]["hostPath"] == {"path": p.model_dir, "type": "DirectoryOrCreate"}
+    assert vols["weights"]["hostPath"] == {"path": model_dir(p), "type": "DirectoryOrCreate"}
     assert mounts["weights"] == {"name": "weights", "mountPath": "/models/qwen3-35b", "readOnly": True}
 
 
@@ -361,7 +363,7 @@ def test_only_a_pod_with_an_identity_that_reads_the_model_streams():
     assert not any(r.startswith("arn:aws:s3:::models-bucket") for s in pol["Statement"] if "s3:PutObject" in s["Action"]
                    for r in s["Resource"])
     # Without a publisher the pod has no AWS identity at all: it waits for the local copy.
-    assert servestart.cold_mode(_profile()[0]) == "wait"
+    assert cold_mode(_profile()[0]) == "wait"
 
 
 # -- against the real agent pipeline ---------------------------------------------------------------------------

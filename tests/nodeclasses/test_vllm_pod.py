@@ -8,11 +8,11 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import ProfileError
-from nodewarm.generation import generation
+from nodewarm.api.generation import generation
 from nodewarm.instancetypes import InstanceType
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
-from nodewarm.nodeclasses.servingspec import normalize_extra_args, parse_extra_args, serving_spec
+from nodewarm.api.servingspec import normalize_extra_args, parse_extra_args, serving_spec
 from support.builders import v
 
 GIB = 2**30
@@ -263,7 +263,7 @@ def test_pipeline_parallelism_comes_from_extra_args_once():
     for extra in (["--pipeline-parallel-size=2"], ["-pp", "2"], ["--pipeline_parallel_size", "2"]):
         doc = v(spec__serving__extraArgs=extra)
         c = vllm_container(rendered(doc))
-        # Once, as one token in vLLM's long spelling (servingspec: ExtraArg.spelled).
+        # Once, as one token in vLLM's long spelling (nodeclasses/vllmargs.py: spelled).
         assert [a for a in c["args"] if "pipeline" in a or a == "-pp"] == ["--pipeline-parallel-size=2"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert serving_spec(profile.from_dict(doc)).pp == 2

@@ -9,6 +9,7 @@ from kubernetes.client.exceptions import ApiException
 from nodewarm.controller.kube import WARMPROFILES
 from nodewarm.kubeapply import apply
 from nodewarm import profile
+from nodewarm.api import prepullpod
 from nodewarm.nodeclasses import agentaccess, prepull
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
@@ -62,9 +63,9 @@ def kubelet_pulls(admin):
 
     def pull(doc: dict, node: str) -> dict:
         p = profile.from_dict(doc)
-        ns, ds = p.bootstrap.namespace, prepull.daemonset_name(p.name)
+        ns, ds = p.bootstrap.namespace, prepullpod.daemonset_name(p.name)
         apply(admin, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, prepull.daemonset(p)])
-        for old in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(p.name),
+        for old in core.list_namespaced_pod(ns, label_selector=prepullpod.label_selector(p.name),
                                             field_selector=f"spec.nodeName={node}").items:
             core.delete_namespaced_pod(old.metadata.name, ns, grace_period_seconds=0)
         pod = KarpenterSim(admin).run_daemonset_pod(node, ns, ds)
@@ -73,7 +74,7 @@ def kubelet_pulls(admin):
 
     yield pull
     for ns, name in set(made):
-        for pod in core.list_namespaced_pod(ns, label_selector=prepull.label_selector(name)).items:
+        for pod in core.list_namespaced_pod(ns, label_selector=prepullpod.label_selector(name)).items:
             try:
                 core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
             except ApiException:

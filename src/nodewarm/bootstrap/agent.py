@@ -26,14 +26,13 @@ from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
-from nodewarm.generation import GENERATION_LABEL
 from nodewarm.api.names import (
-    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION,
-    PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
+    LAUNCH_FAILURE_ANNOTATION, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
+from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, cache_dirs, model_path
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
-from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
-from nodewarm.nodeclasses.vllm import BASELINE_FILE
 
 from . import launchrecord
 from .compilecache import bundle, cachekey
@@ -131,12 +130,12 @@ class AgentConfig:
     node_name: str
     compile_cache_uri: str | None = None
     verify_key: str | None = None
-    spec: cachekey.ServingSpec | None = None        # None: derived from the profile name, TP 1
+    spec: ServingSpec | None = None                 # None: derived from the profile name, TP 1
     allow_non_nvme: bool = False
     load_check: bool = True
     host_root: Path = Path("/")
     runtime: tuple[cachekey.RuntimeProbe, dict] | None = None   # the serving image's, when known
-    generation: str = ""        # nodewarm.generation of the profile this config came from: the Node's label
+    generation: str = ""        # api.generation of the profile this config came from: the Node's label
     readiness_taint: str = ""   # the startup taint: while it is on, the controller writes the generation label
     streamer: StreamerTuning | None = None          # set: stream one file with the vLLM pod's settings
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
@@ -149,18 +148,18 @@ class AgentConfig:
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
-        """The host side of the vLLM pod's /compile-cache hostPath (nodeclasses.podlayout)."""
-        d = {k: Path(v) for k, v in cache_dirs(self.mount / "compile-cache").items()}
+        """The host side of the vLLM pod's /compile-cache hostPath (api.podlayout)."""
+        d = {k: Path(v) for k, v in cache_dirs(self.mount / CACHE_DIR).items()}
         return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
-                                base=self.mount / "compile-cache")
+                                base=self.mount / CACHE_DIR)
 
     @property
     def baseline_path(self) -> Path:
-        """Host side of the publisher's --baseline (nodeclasses.vllm.BASELINE_FILE)."""
-        return self.mount / "compile-cache" / BASELINE_FILE
+        """Host side of the publisher's --baseline (api.podlayout.BASELINE_FILE)."""
+        return self.mount / CACHE_DIR / BASELINE_FILE
 
-    def serving_spec(self) -> cachekey.ServingSpec:
-        return self.spec or cachekey.ServingSpec(model=model_path(self.profile))
+    def serving_spec(self) -> ServingSpec:
+        return self.spec or ServingSpec(model=model_path(self.profile))
 
     @property
     def gpus_wanted(self) -> int:

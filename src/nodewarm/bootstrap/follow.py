@@ -4,7 +4,7 @@ A serving or model change must roll without replacing nodes, so the agent keeps 
 warm (the systemd unit on AL2023, the DaemonSet elsewhere), sees its profile change, and warms the new
 generation on a node that is already serving:
 
-* beside the old one when the NVMe has room (the weights go to their own folder, nodewarm.generation.model_key;
+* beside the old one when the NVMe has room (the weights go to their own folder, api.generation.model_key;
   a new serving image or TP re-uses the weights already there);
 * otherwise once no pod of an older generation runs on this node any more, after freeing their weights.
 
@@ -25,7 +25,9 @@ from pathlib import Path
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
-from nodewarm.generation import GENERATION_LABEL
+from nodewarm.api.names import GENERATION_LABEL
+from nodewarm.api.servingspec import serving_spec
+from nodewarm.api.warmprofile import WarmProfile
 
 from . import agent, profilesource
 from .nodestatus import report_warm
@@ -55,18 +57,14 @@ class FollowOptions:
     gpu_wait_s: float | None = None     # None: gpuwait.GPU_WAIT_S
 
 
-def streamer_tuning(p) -> StreamerTuning:
+def streamer_tuning(p: WarmProfile) -> StreamerTuning:
     """The load check streams like the vLLM pod will (nodeclasses.vllm renders the same two values)."""
-    from nodewarm.nodeclasses.vllm import streamer_chunk_bytes
-
     concurrency = p.concurrency if p.model.size_gb is not None else None
-    return StreamerTuning(concurrency, streamer_chunk_bytes(p))
+    return StreamerTuning(concurrency, p.serving.chunk_bytes)
 
 
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,
                  node_labels: dict[str, str] | None = None) -> agent.AgentConfig:
-    from nodewarm.nodeclasses.servingspec import serving_spec
-
     p = r.profile
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 from nodewarm import logs
-from nodewarm.nodeclasses import prepull
+from nodewarm.api import prepullpod
 
 from .profilesource import _request, watch_events
 
@@ -97,12 +97,12 @@ def same_image(reported: str, wanted: str) -> bool:
 # -- pure: what a pod object says ---------------------------------------------------------------------------
 def _spec_image(pod: dict) -> str | None:
     return next((c.get("image") for c in (pod.get("spec") or {}).get("initContainers") or ()
-                 if c.get("name") == prepull.CONTAINER), None)
+                 if c.get("name") == prepullpod.CONTAINER), None)
 
 
 def _status(pod: dict) -> dict | None:
     return next((s for s in (pod.get("status") or {}).get("initContainerStatuses") or ()
-                 if s.get("name") == prepull.CONTAINER), None)
+                 if s.get("name") == prepullpod.CONTAINER), None)
 
 
 def _name(pod: dict) -> str:
@@ -175,7 +175,7 @@ def deadline_result(pod: dict | None, image: str, deadline_s: float, *, namespac
     after = f"after {deadline_s:.0f}s"
     if code == "NoPrepullPod":
         return _result("timeout", "NoPrepullPod", f"no image pre-pull pod on this node {after} (DaemonSet "
-                       f"{prepull.daemonset_name(profile)} in namespace {namespace}): apply what `nodewarm render` "
+                       f"{prepullpod.daemonset_name(profile)} in namespace {namespace}): apply what `nodewarm render` "
                        f"prints; vLLM pulls {image} when it lands", image)
     if code == "PrepullPodOutdated":
         return _result("timeout", "PrepullPodOutdated", f"{detail}, not {image}, {after}: apply what `nodewarm "
@@ -219,7 +219,7 @@ def wait_for_image(api_client, node_name: str, image: str, *, namespace: str, pr
 
     stop = stop or threading.Event()
     start = time.monotonic()
-    query = [("fieldSelector", f"spec.nodeName={node_name}"), ("labelSelector", prepull.label_selector(profile))]
+    query = [("fieldSelector", f"spec.nodeName={node_name}"), ("labelSelector", prepullpod.label_selector(profile))]
     pods: dict[str, dict] = {}
     rv = ""                 # resume point of the watch; empty: list first
     seen = ("", "")

@@ -18,9 +18,11 @@ from pathlib import Path, PurePosixPath
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
-from nodewarm.generation import generation, model_key
-from nodewarm.profile import WarmProfile, from_dict
+from nodewarm.api.generation import generation
+from nodewarm.api.podlayout import model_dir
 from nodewarm.api.schema import GROUP, PLURAL, VERSION
+from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.profile import from_dict
 
 REGION_LABEL = "topology.kubernetes.io/region"
 PROFILES_PATH = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
@@ -46,8 +48,8 @@ def resolve(obj: dict, mount: Path) -> Resolved:
     doc = {k: obj.get(k) for k in ("apiVersion", "kind", "spec")}
     doc["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k in ("name", "labels", "annotations")}
     p = from_dict(doc)
-    rel = PurePosixPath(p.models_dir).relative_to(p.nodes.cache_mount)
-    return Resolved(p, generation(p), Path(mount) / rel / model_key(p),
+    rel = PurePosixPath(model_dir(p)).relative_to(p.nodes.cache_mount)
+    return Resolved(p, generation(p), Path(mount) / rel,
                     (obj.get("metadata") or {}).get("resourceVersion", ""))
 
 

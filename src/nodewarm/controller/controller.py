@@ -34,7 +34,8 @@ from nodewarm.api.names import CLEANUP_FINALIZER
 from nodewarm.api.timeutil import fmt_time_s, parse_time
 from nodewarm.api.views import ClaimView, Condition, NodeView
 from nodewarm.api.errors import NodewarmError
-from nodewarm.profile import WarmProfile, from_dict
+from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.profile import from_dict
 
 from . import deviceplugins
 from . import plan as planner

@@ -32,7 +32,7 @@ from nodewarm.nodeclasses import deviceplugin
 from nodewarm.api.names import INSTANCE_TYPE_LABEL
 from nodewarm.nodeclasses.nodepool import startup_taint
 from nodewarm.api.views import Condition
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NAME_HINTS = ("device-plugin",)

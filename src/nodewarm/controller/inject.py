@@ -31,7 +31,7 @@ from nodewarm.api.errors import NodewarmError
 from nodewarm.api.views import Condition
 from nodewarm.nodeclasses import driftpreview
 from nodewarm.nodeclasses import inject as desired
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 
 from .kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
 

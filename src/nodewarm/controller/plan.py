@@ -32,9 +32,8 @@ from nodewarm.api.names import (
 )
 from nodewarm.api.timeutil import fmt_time
 from nodewarm.api.views import DISRUPTED_TAINT, ClaimView, Condition, NodeView, WarmState, warm_generation
-from nodewarm.generation import generation
-from nodewarm.nodeclasses.servestart import cold_mode
-from nodewarm.profile import WarmProfile
+from nodewarm.api.generation import generation
+from nodewarm.api.warmprofile import WarmProfile, cold_mode
 
 # What the node agent reports at warm time (cold) and what the publisher proves once vLLM serves (hit | miss);
 # a restore is not a hit, so it has no value here. Anything else is counted as "unknown" so an odd annotation

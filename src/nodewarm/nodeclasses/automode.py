@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from nodewarm import sizing
 from nodewarm.instancetypes import InstanceType
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 
 from nodewarm.api.names import MANAGED_BY, PROFILE_LABEL
 

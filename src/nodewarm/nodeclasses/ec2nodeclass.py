@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from nodewarm.profile import WarmProfile, check_ami_alias
+from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.profile import check_ami_alias
 
 from nodewarm.api.names import MANAGED_BY, PROFILE_LABEL
 

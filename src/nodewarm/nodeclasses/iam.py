@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 AGENT_SERVICE_ACCOUNT = "nodewarm-bootstrap"

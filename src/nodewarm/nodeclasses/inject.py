@@ -14,7 +14,8 @@ import re
 from nodewarm.api.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.api.names import INSTANCE_TYPE_LABEL
-from nodewarm.profile import WarmProfile, check_taint_key
+from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.profile import check_taint_key
 
 from . import automode, ec2nodeclass, nodepool
 from .drift import ami_family

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nodewarm.api.errors import ProfileError
-from nodewarm.profile import WarmProfile
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.userdata.launch import BootstrapLaunch
 
 

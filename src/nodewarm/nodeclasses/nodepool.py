@@ -15,12 +15,10 @@ from __future__ import annotations
 import math
 import re
 
-from nodewarm.generation import GENERATION_LABEL
-from nodewarm import sizing
+from nodewarm.api.warmprofile import DriftPace, WarmProfile, parse_duration_s
 from nodewarm.instancetypes import InstanceType
-from nodewarm.profile import DriftPace, WarmProfile
 
-from nodewarm.api.names import GPU_TAINT, INSTANCE_TYPE_LABEL, MANAGED_BY, PROFILE_LABEL
+from nodewarm.api.names import GENERATION_LABEL, GPU_TAINT, INSTANCE_TYPE_LABEL, MANAGED_BY, PROFILE_LABEL
 
 # The vLLM pods select nodewarm.io/generation. Karpenter launches nodes only for pods whose labels the NodePool
 # can satisfy: a key it does not define is "incompatible requirements, label ... does not have known values",
@@ -104,7 +102,7 @@ def drift_budgets(pace: DriftPace | None) -> list[dict]:
     out = [{"nodes": pace.nodes, "reasons": ["Drifted"]}]
     if pace.window is not None:
         h, m = (int(x) for x in pace.window.start.split(":"))
-        length_m = sizing.parse_duration_s(pace.window.duration) // 60
+        length_m = parse_duration_s(pace.window.duration) // 60
         end = (h * 60 + m + length_m) % (24 * 60)
         rest = 24 * 60 - length_m
         out.append({"nodes": "0", "reasons": ["Drifted"], "schedule": f"{end % 60} {end // 60} * * *",

@@ -3,7 +3,8 @@
 A vLLM image is 10-20 GB. Pulled only once the startup taint lifts, it adds minutes between Warm and serving.
 So every node of the pool gets a pod whose init container ``serving-image`` is the serving image running a
 no-op: the kubelet pulls it while the agent pulls weights and restores compile caches, and the agent waits for
-that container's status (``imageID`` set, bootstrap/imageprepull.py) before it reports Warm.
+that container's status (``imageID`` set, bootstrap/imageprepull.py) before it reports Warm; both sides name the pod
+through nodewarm.api.prepullpod.
 
 * Its own DaemonSet, not an init container of the agent's pod: that would hold the agent back until the image
   is on the node (the three would run one after the other), and on AL2023 the agent is no pod at all.
@@ -22,27 +23,12 @@ that container's status (``imageID`` set, bootstrap/imageprepull.py) before it r
 
 from __future__ import annotations
 
-from nodewarm.profile import WarmProfile
-
 from nodewarm.api.names import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL
+from nodewarm.api.prepullpod import CONTAINER, daemonset_name, selector
+from nodewarm.api.warmprofile import WarmProfile
 
-NAME = "nodewarm-image-prepull"
-CONTAINER = "serving-image"
 NOOP = ["/bin/true"]
 PAUSE_IMAGE = "registry.k8s.io/pause:3.9"
-
-
-def daemonset_name(profile: str) -> str:
-    return f"{profile}-image-prepull"
-
-
-def selector(profile: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": profile}
-
-
-def label_selector(profile: str) -> str:
-    """The selector as a list/watch query parameter: the agent finds its node's pre-pull pod by it."""
-    return ",".join(f"{k}={v}" for k, v in selector(profile).items())
 
 
 def _container(name: str, image: str, command: list[str] | None) -> dict:

@@ -11,8 +11,8 @@ import copy
 from dataclasses import dataclass
 
 from nodewarm.api.errors import ProfileError
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
-from nodewarm.profile import WarmProfile
 from nodewarm.userdata import daemonset
 
 from . import agentaccess, automode, ec2nodeclass, iam, identity, nodepool, prepull, vllm
@@ -66,7 +66,7 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
     if p.compile_cache.publisher:
         docs.append(vllm.publisher_service_account(p))
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
-    docs.append(vllm.servestart.configmap(p))   # the vLLM container's start script, before its Deployment
+    docs.append(vllm.start_script_configmap(p))   # the vLLM container's start script, before its Deployment
     docs += [vllm.deployment(p, types), vllm.service(p), vllm.pod_disruption_budget(p)]
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 

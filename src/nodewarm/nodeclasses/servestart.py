@@ -1,4 +1,5 @@
-"""How the vLLM container starts: the start script's ConfigMap, the container command, and the volumes it needs.
+"""How the vLLM container starts: the start script (shipped in a ConfigMap, vllm.start_script_configmap), the
+container command, and the volumes it needs.
 
 A node whose warm-up missed its deadline can lose its startup taint (readiness.onDeadline: untaint) with its
 local copy of the model absent, partial or still being written. vLLM must then neither crash-loop on a missing
@@ -9,7 +10,7 @@ read the model, else waits for the copy (the script's docstring says exactly wha
 
 * The weights hostPath is ``DirectoryOrCreate``: an absent copy no longer fails the pod; the script, not the
   kubelet, decides, and vLLM never reads the directory unless it is complete. Only the model's own folder
-  (p.model_dir, on the NVMe mount) is mounted, at the same path as before, so vLLM's model string, and with
+  (podlayout.model_dir, on the NVMe mount) is mounted, at the same path as before, so vLLM's model string, and with
   it the compile-cache key, is unchanged for a warm start. The kubelet may create that empty folder first;
   the agent fills it in place (it only ever adds and renames files inside it, so the pod's bind mount sees
   them), and a directory created on a node without the NVMe mount is as harmless as the compile-cache
@@ -17,8 +18,8 @@ read the model, else waits for the copy (the script's docstring says exactly wha
 * Cold streaming needs S3 read credentials in the pod. Only the compile-cache publisher gives the pod an AWS
   identity (its ServiceAccount, shared by the vLLM container; iam.publisher_policy grants it model read for
   this). Without a publisher the pod has no credentials (identity ``node`` cannot reach pods: metadata hop
-  limit 1), so the script is told ``--cold wait``: it logs why and starts vLLM from NVMe once the agent's copy
-  is complete, instead of crash-looping on a stream that cannot authenticate.
+  limit 1), so the script is told ``--cold wait`` (api/warmprofile.py ``cold_mode``): it logs why and starts vLLM
+  from NVMe once the agent's copy is complete, instead of crash-looping on a stream that cannot authenticate.
 * The ConfigMap has a fixed name: a new nodewarm release's script reaches running pods at their next start
   without rolling the Deployment (the command-line contract is the script's interface; keep it compatible).
 """
@@ -27,10 +28,8 @@ from __future__ import annotations
 
 from importlib import resources
 
-from nodewarm.profile import WarmProfile
-
-from nodewarm.api.names import MANAGED_BY
-from .podlayout import model_path
+from nodewarm.api.podlayout import model_dir, model_path
+from nodewarm.api.warmprofile import WarmProfile, cold_mode
 
 SCRIPT_FILE = "serve_start_script.py"   # in this package, so it ships with nodewarm (a .py: no package-data)
 SCRIPT_KEY = "serve_start.py"           # its name in the ConfigMap and in the container
@@ -49,22 +48,6 @@ def script_text() -> str:
 
 def configmap_name(p: WarmProfile) -> str:
     return f"{p.name}-vllm-serve-start"
-
-
-def cold_mode(p: WarmProfile) -> str:
-    """``stream`` when the serving pod has an AWS identity that may read the model, else ``wait``."""
-    if p.compile_cache.publisher is not None and p.aws.identity in ("podIdentity", "irsa"):
-        return "stream"
-    return "wait"
-
-
-def configmap(p: WarmProfile) -> dict:
-    from .vllm import labels
-
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": configmap_name(p), "namespace": p.serving.namespace,
-                         "labels": {**labels(p), MANAGED_BY: "nodewarm"}},
-            "data": {SCRIPT_KEY: script_text()}}
 
 
 def command(p: WarmProfile) -> list[str]:
@@ -103,7 +86,7 @@ def volumes(p: WarmProfile) -> list[dict]:
     return [
         # DirectoryOrCreate, not Directory: a node whose copy is absent must still start the pod, which then
         # streams or waits (the start script); it never lets vLLM read an incomplete directory.
-        {"name": "weights", "hostPath": {"path": p.model_dir, "type": "DirectoryOrCreate"}},
+        {"name": "weights", "hostPath": {"path": model_dir(p), "type": "DirectoryOrCreate"}},
         {"name": VOLUME, "configMap": {"name": configmap_name(p), "defaultMode": 0o444}},
         *([{"name": RECORD_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}}] if p.compile_cache.publisher else []),
     ]

@@ -5,7 +5,7 @@ Deliberate choices:
 * ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)``; ``distributed`` only
   when TP > 1 (with TP = 1 it buys nothing, and it needs the V1 engine).
 * no ``--enforce-eager`` unless ``spec.serving.allowEager``: it turns torch.compile off, so the restored compile
-  cache would be unused (servingspec refuses it, and every flag the profile already sets, in any spelling).
+  cache would be unused (api/servingspec.py refuses it, and every flag the profile already sets, in any spelling).
 * CPU/memory requests per GPU as in the AWS guide, capped to fit the smallest allowed instance type; a memory-backed
   /dev/shm for NCCL and vLLM's worker queues; the streamer's host buffer bounded by the memory request.
 * a startup probe budget from the model size, a liveness probe after it, and a PodDisruptionBudget.
@@ -14,7 +14,7 @@ Deliberate choices:
 * NO toleration of the readiness taint: the pod must not land before the node is warm. Only the GPU
   taint is tolerated.
 * a nodeSelector on ``nodewarm.io/generation``: the node agent labels its Node with the generation it holds
-  (nodewarm.generation), so a rolling update of the serving image or model puts new pods only on nodes
+  (nodewarm.api.generation), so a rolling update of the serving image or model puts new pods only on nodes
   already warm for them, and no node is replaced or re-tainted for it.
 """
 
@@ -27,24 +27,20 @@ from decimal import Decimal, InvalidOperation
 
 from nodewarm import instancetypes
 from nodewarm.api.errors import ProfileError
-from nodewarm.generation import GENERATION_LABEL, generation
+from nodewarm.api.generation import generation
+from nodewarm.api.names import GENERATION_LABEL, GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
+from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs, compile_cache_dir, model_path
+from nodewarm.api.servingspec import serving_spec
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
-from nodewarm.profile import WarmProfile
 
 from . import identity
 from . import servestart
-from nodewarm.api.names import GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
-from .podlayout import CACHE_MOUNT, cache_dirs, model_path
-from .servingspec import serving_spec, spec_args, vllm_extra_args
+from .vllmargs import spec_args, vllm_extra_args
 
 GIB = 2**30
 MIB = 2**20
 AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
-
-
-def streamer_chunk_bytes(p: WarmProfile) -> int:
-    """RUNAI_STREAMER_CHUNK_BYTESIZE of the pod; the node's load check is tuned with the same value."""
-    return int(p.serving.chunk_size_gb * GIB)
 
 
 def model_loader_extra_config(p: WarmProfile) -> dict:
@@ -235,7 +231,7 @@ def env(p: WarmProfile, memory_bytes: int) -> list[dict]:
     s = p.serving
     d = cache_dirs(CACHE_MOUNT)
     return [
-        {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(streamer_chunk_bytes(p))},
+        {"name": "RUNAI_STREAMER_CHUNK_BYTESIZE", "value": str(p.serving.chunk_bytes)},
         # The streamer's host buffer defaults to 40 GB (runai-model-streamer 0.17 divides it between the ranks
         # on a node when distributed is on, TP > 1), more than a pod on a small type requests, and not bounded by
         # anything else: the pod sets no memory limit. Half the request, so the rest stays for vLLM's own
@@ -261,8 +257,6 @@ def env(p: WarmProfile, memory_bytes: int) -> list[dict]:
 
 
 SIGNING_MOUNT = "/var/run/nodewarm/signing"
-# Where the node agent saves the post-restore snapshot (hitcheck.Baseline): beside the cache roots, not in one.
-BASELINE_FILE = "nodewarm-baseline.json"
 
 
 def publisher_container(p: WarmProfile, serving_env: list[dict]) -> dict:
@@ -364,6 +358,14 @@ def labels(p: WarmProfile) -> dict:
     return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": p.name, PROFILE_LABEL: p.name}
 
 
+def start_script_configmap(p: WarmProfile) -> dict:
+    """The vLLM container's start script (servestart.py), labelled as the rest of the vLLM app."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": servestart.configmap_name(p), "namespace": p.serving.namespace,
+                         "labels": {**labels(p), MANAGED_BY: "nodewarm"}},
+            "data": {servestart.SCRIPT_KEY: servestart.script_text()}}
+
+
 def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
     """``types``: the allowed instance types' facts (render's); None: the offline table (see requests)."""
     s = p.serving
@@ -396,7 +398,7 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
             # The weights (DirectoryOrCreate: the start script, not the kubelet, refuses an incomplete copy) and
             # the start script's ConfigMap.
             *servestart.volumes(p),
-            {"name": "compile-cache", "hostPath": {"path": p.compile_cache_dir, "type": "DirectoryOrCreate"}},
+            {"name": "compile-cache", "hostPath": {"path": compile_cache_dir(p), "type": "DirectoryOrCreate"}},
         ],
     }
     # NCCL and vLLM's worker queues use /dev/shm; the runtime's default is 64 MiB (see SHM_PER_GPU).

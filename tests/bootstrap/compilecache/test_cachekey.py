@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.bootstrap.compilecache import cachekey
-from nodewarm.bootstrap.compilecache.cachekey import RuntimeProbe, ServingSpec
+from nodewarm.bootstrap.compilecache.cachekey import RuntimeProbe
 from nodewarm.bootstrap.compilecache.hardware import NodeHardware
 
 PROBE = RuntimeProbe(

@@ -25,7 +25,7 @@ from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, envelope_key, parse_uri, stale_key
 from nodewarm.api.errors import ProfileError
 from nodewarm.api.names import CACHE_ANNOTATION
-from nodewarm.nodeclasses.servingspec import serving_spec
+from nodewarm.api.servingspec import ServingSpec, serving_spec
 from support.builders import v
 from support import paths
 
@@ -36,7 +36,7 @@ LABELS_B = {"node.kubernetes.io/instance-type": "g6e.xlarge", "karpenter.k8s.aws
 PROBE = cachekey.RuntimeProbe(
     torch_version="2.13.0+cu130", torch_build="d34d1007" * 8, cuda="13.0", triton="3.9.0", triton_build="t" * 64,
     vllm="0.32.0", vllm_path="/usr/lib/python3/site-packages/vllm", python_prefix="/usr")
-SPEC = cachekey.ServingSpec("/models/tiny", "r1", tp=1, pp=1, image="registry.example/vllm@sha256:" + "cd" * 32,
+SPEC = ServingSpec("/models/tiny", "r1", tp=1, pp=1, image="registry.example/vllm@sha256:" + "cd" * 32,
                             engine={"dtype": "bfloat16"})
 ENV = {"VLLM_USE_AOT_COMPILE": "1"}
 FACTORS_A = cachekey.build_factors(PROBE, hardware.probe(HOST_A, {}, ENV), SPEC, ENV)

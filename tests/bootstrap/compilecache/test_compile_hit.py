@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.bootstrap_fixtures import cache_store
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
@@ -148,7 +149,7 @@ def compiled(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_factors():
-    spec = cachekey.ServingSpec("tests/compile_model.py", "1", image="sha256:" + "00" * 32)
+    spec = ServingSpec("tests/compile_model.py", "1", image="sha256:" + "00" * 32)
     return cachekey.build_factors(cachekey.probe_runtime(), hardware.probe(env=os.environ), spec, os.environ)
 
 
@@ -235,7 +236,7 @@ def test_a_node_picking_a_narrower_isa_refuses_the_bundle(published, tmp_path):
     probe = cachekey.probe_from_dict(_probe(env))
     hw = hardware.probe(env=env)
     assert hw.cpu_isa != native
-    factors = cachekey.build_factors(probe, hw, cachekey.ServingSpec("tests/compile_model.py", "1",
+    factors = cachekey.build_factors(probe, hw, ServingSpec("tests/compile_model.py", "1",
                                                                  image="sha256:" + "00" * 32), env)
     roots = node_roots(tmp_path / "nodeD")
     out = restore.restore(store, factors, roots, verify_key)

@@ -25,6 +25,7 @@ import zstandard
 from support.bootstrap_fixtures import cache_store, proxied
 from support.faultproxy import Reply, first_n
 from nodewarm import cli
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, blob_key, envelope_key, parse_uri
@@ -38,7 +39,7 @@ PROBE = cachekey.RuntimeProbe(
 )
 HOST_A = paths.FIXTURES / "hosts" / "p5-h100-avx512"
 HW_A = hardware.probe(HOST_A, {}, {})
-SPEC = cachekey.ServingSpec("s3://models/tiny-llama/", "r1", tp=1, pp=1, image="sha256:" + "cd" * 32,
+SPEC = ServingSpec("s3://models/tiny-llama/", "r1", tp=1, pp=1, image="sha256:" + "cd" * 32,
                             engine={"dtype": "bfloat16", "max_model_len": "2048"})
 FACTORS = cachekey.build_factors(PROBE, HW_A, SPEC, {"VLLM_USE_AOT_COMPILE": "1"})
 HASH = "8f" * 32

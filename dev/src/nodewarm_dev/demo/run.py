@@ -39,10 +39,13 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from nodewarm import logs, profile
+from nodewarm.api import prepullpod
+from nodewarm.api.podlayout import cache_dirs, model_dir, model_path
+from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
+from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import prepull, vllm
-from nodewarm.nodeclasses.podlayout import cache_dirs, model_path
+from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
 
@@ -165,7 +168,7 @@ def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dic
 
 
 def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "probe",
-                 port: int = 8000) -> profile.WarmProfile:
+                 port: int = 8000) -> WarmProfile:
     """With vLLM: a publisher sidecar (the seed bundle's producer and the hit proof) and Pod Identity, so the
     start script may stream from S3 on a cold node (its cold path, which the baseline takes)."""
     doc = {
@@ -201,7 +204,7 @@ def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "pro
     return p
 
 
-def demo_deployment(p: profile.WarmProfile, engine: str = "probe") -> dict:
+def demo_deployment(p: WarmProfile, engine: str = "probe") -> dict:
     """The rendered vLLM Deployment, one replica per node so each node's gating is visible; with the probe
     engine its container is a pause image (same tolerations, hostPaths, nodeSelector, GPU requests)."""
     d = vllm.deployment(p)
@@ -226,7 +229,7 @@ def register(sim, claim: str, node: str) -> float:
     return time.time()
 
 
-def baseline_objects(p: profile.WarmProfile, nodepool: dict, engine: str = "probe") -> list[dict]:
+def baseline_objects(p: WarmProfile, nodepool: dict, engine: str = "probe") -> list[dict]:
     """The no-warm world beside nodewarm's: the same NodePool and vLLM stand-in without nodewarm (no startup
     taint, no generation selector, nothing a WarmProfile names)."""
     import copy
@@ -258,7 +261,7 @@ class BaselineBinds:
         return sum(self.bound[n] - self.registered[n] for n in self.bound) / len(self.bound)
 
 
-def baseline_scheduling(admin, sim, p: profile.WarmProfile, nodepool: dict, nodes: int, timeout_s: float,
+def baseline_scheduling(admin, sim, p: WarmProfile, nodepool: dict, nodes: int, timeout_s: float,
                         engine: str = "probe") -> BaselineBinds:
     """Registration to pod bound without nodewarm: the Deployment waits pending (the scheduler has tried it,
     as it tried the vLLM pods before the scale-up), then the nodes are launched and registered exactly as
@@ -354,7 +357,7 @@ class Watcher:
         self._loop(client.CoreV1Api(self.api).list_namespaced_pod, handle, namespace=NAMESPACE)
 
 
-def bootstrap_node(srv: servers.Servers, p: profile.WarmProfile, node: str, mount: Path,
+def bootstrap_node(srv: servers.Servers, p: WarmProfile, node: str, mount: Path,
                    view: live.LiveView | None = None, log_line: Callable[[str], None] | None = None) -> dict:
     """The real `nodewarm bootstrap run` as a process, with this node's own kubelet identity. Its JSON log lines
     (stderr) feed the live view and go where the demo's own logs go, tagged with the node."""
@@ -532,12 +535,12 @@ def with_service_account_token(pod: dict) -> dict:
     return pod
 
 
-def node_mount(p: profile.WarmProfile, node_root: Path) -> Path:
+def node_mount(p: WarmProfile, node_root: Path) -> Path:
     """The node's NVMe mount inside its root, where the agent writes and the pod's hostPaths point."""
     return node_root / p.nodes.cache_mount.lstrip("/")
 
 
-def serving_setup(srv: servers.Servers, p: profile.WarmProfile, rendered: list[dict], work: Path,
+def serving_setup(srv: servers.Servers, p: WarmProfile, rendered: list[dict], work: Path,
                   private_key: Path) -> Serving:
     from nodewarm.nodeclasses import identity
 
@@ -557,9 +560,9 @@ def serving_setup(srv: servers.Servers, p: profile.WarmProfile, rendered: list[d
                    signing_dir=signing_dir, token_dir=token_dir, port=p.serving.port)
 
 
-def pull_weights(srv: servers.Servers, p: profile.WarmProfile, node_root: Path) -> dict:
+def pull_weights(srv: servers.Servers, p: WarmProfile, node_root: Path) -> dict:
     """The agent's weights pull alone (`nodewarm bootstrap weights`), for node A, which is no scale-up node."""
-    dest = node_mount(p, node_root) / Path(p.model_dir).relative_to(p.nodes.cache_mount)
+    dest = node_mount(p, node_root) / Path(model_dir(p)).relative_to(p.nodes.cache_mount)
     argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "weights", "--uri", p.model.uri, "--dest", str(dest),
             "--allow-non-nvme", "--json"]
     proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **srv.s3.env()}, timeout=600)
@@ -568,7 +571,7 @@ def pull_weights(srv: servers.Servers, p: profile.WarmProfile, node_root: Path) 
     return json.loads(proc.stdout)
 
 
-def seed_compile_cache_vllm(srv: servers.Servers, admin, p: profile.WarmProfile, serving: Serving,
+def seed_compile_cache_vllm(srv: servers.Servers, admin, p: WarmProfile, serving: Serving,
                             work: Path) -> vllm_engine.Served:
     """"Node A", the first node ever to serve this profile: its agent's pull, then the rendered pod on it. vLLM
     compiles cold into the node's compile-cache hostPath and the publisher sidecar, finding nothing restored,
@@ -608,7 +611,7 @@ def node_cache_outcome(admin, node: str) -> str | None:
     return (client.CoreV1Api(admin).read_node(node).metadata.annotations or {}).get(CACHE_ANNOTATION)
 
 
-def serve_warm_nodes(admin, serving: Serving, p: profile.WarmProfile, names: tuple[str, ...], roots: dict[str, Path],
+def serve_warm_nodes(admin, serving: Serving, p: WarmProfile, names: tuple[str, ...], roots: dict[str, Path],
                      work: Path, timelines: dict[str, NodeTimeline], view: live.LiveView) -> dict[str, vllm_engine.Served]:
     """Each bound replica's pod, one at a time in bind order, its phases placed after its own bind."""
     out = {}
@@ -636,7 +639,7 @@ def serve_warm_nodes(admin, serving: Serving, p: profile.WarmProfile, names: tup
     return out
 
 
-def serve_baseline(binds: BaselineBinds, admin, serving: Serving, p: profile.WarmProfile, storage: Path,
+def serve_baseline(binds: BaselineBinds, admin, serving: Serving, p: WarmProfile, storage: Path,
                    work: Path) -> dict:
     """The baseline's pods, one at a time: nodes no agent warmed, so the start script streams from S3."""
     runs = []
@@ -663,7 +666,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     from kubernetes import client
 
     from nodewarm import instancetypes
-    from nodewarm.bootstrap.compilecache import cachekey, signing
+    from nodewarm.bootstrap.compilecache import signing
     from nodewarm.controller.controller import Controller, ControllerOptions
     from nodewarm_dev.testenv.karpenter import KarpenterSim
     from nodewarm_dev.testenv.ports import free_port
@@ -695,7 +698,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             f"vLLM's log: {seeded.evidence.verdict()}, load average {seeded.load_avg}), first completion {seeded.first_completion_s:.2f}s; publisher: "
             f"{(seeded.published or {}).get('status', 'exists')} {(seeded.published or {}).get('envelope_key')}")
     else:
-        spec = cachekey.ServingSpec(model=model_path(PROFILE_NAME), tp=1, image="vllm/vllm-openai:v0.21.0",
+        spec = ServingSpec(model=model_path(PROFILE_NAME), tp=1, image="vllm/vllm-openai:v0.21.0",
                                     engine={"dtype": "auto"})
         verify_key, cold = seed_compile_cache(srv, work, spec)
         say(f"2. S3 seeded: {size_gb:.2f} GB model (safetensors) and a signed compile-cache bundle from a real "
@@ -733,7 +736,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         mounts[n].mkdir(parents=True, exist_ok=True)
         # No container runtime here: the serving image's pre-pull pod is "pulled" at once by the stand-in
         # kubelet; on a real node that pull overlaps the weights and the compile-cache restore.
-        sim.run_daemonset_pod(n, p.bootstrap.namespace, prepull.daemonset_name(p.name))
+        sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
     say(f"5. scale-up of {opts.nodes}: NodeClaims launched, Nodes registered with {p.readiness.taint_key}:NoSchedule;"
         f" bootstrap running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
     say("   per node, live (time: seconds since the node registered):")

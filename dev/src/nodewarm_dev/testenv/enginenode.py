@@ -93,13 +93,15 @@ class Node:
 
     def compile_cache(self, p) -> Path:
         """The host side of the pod's /compile-cache hostPath."""
-        return self.host(p.compile_cache_dir)
+        from nodewarm.api.podlayout import compile_cache_dir
+
+        return self.host(compile_cache_dir(p))
 
     def cache_roots(self, p) -> dict[str, Path]:
         """The host side of the pod's compile-cache dirs, named as the agent and the publisher name its roots
         (``CacheDirs.roots()``): what a snapshot or a bundle of this node covers."""
         from nodewarm.bootstrap.compilecache.bundle import CacheDirs
-        from nodewarm.nodeclasses.podlayout import cache_dirs
+        from nodewarm.api.podlayout import cache_dirs
 
         d = cache_dirs(self.compile_cache(p))
         return CacheDirs(vllm_root=Path(d["vllm"]), inductor=Path(d["inductor"]), triton=Path(d["triton"]),

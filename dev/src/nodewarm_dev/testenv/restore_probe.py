@@ -45,14 +45,15 @@ def main() -> None:
     from pathlib import Path
 
     from nodewarm.bootstrap.agent import AgentConfig
-    from nodewarm.bootstrap.compilecache import cachekey, restore
+    from nodewarm.api.servingspec import ServingSpec
+    from nodewarm.bootstrap.compilecache import restore
     from nodewarm.bootstrap.s3client import make_client
 
     doc = json.loads(Path(sys.argv[1]).read_text())
     mount = Path(doc["mount"])
     cfg = AgentConfig(profile="restore-probe", model_uri="", dest=mount / "model", mount=mount,
                       node_name="restore-probe", compile_cache_uri=doc["uri"], verify_key=doc["verify_key"],
-                      spec=cachekey.ServingSpec(**doc["spec"]), host_root=Path(doc.get("host_root", "/")),
+                      spec=ServingSpec(**doc["spec"]), host_root=Path(doc.get("host_root", "/")),
                       node_labels=doc.get("node_labels", {}))
     make_client(4, 5, 60)   # the weights phase's, made before the compile-cache phase in the agent
     start = time.perf_counter()

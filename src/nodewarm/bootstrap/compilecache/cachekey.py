@@ -19,8 +19,10 @@ import json
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping
+
+from nodewarm.api.servingspec import ServingSpec
 
 if TYPE_CHECKING:
     from .hardware import NodeHardware
@@ -57,18 +59,6 @@ class RuntimeProbe:
     vllm: str                 # "" when vllm is not installed
     vllm_path: str            # vLLM's non-AOT code hash includes traced source file paths
     python_prefix: str        # C++ .so keys embed the python and torch include paths
-
-
-@dataclass(frozen=True)
-class ServingSpec:
-    """How the model is served: everything in vLLM's config hash that the profile knows."""
-
-    model: str                # the exact model string vLLM gets (an S3 URL and a local path differ)
-    revision: str = ""
-    tp: int = 1
-    pp: int = 1
-    image: str = ""           # serving image digest: pins torch/vllm/triton builds and install paths
-    engine: Mapping[str, str] = field(default_factory=dict)  # dtype, max_model_len, compile sizes, ...
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from nodewarm.api.errors import NodewarmError
+from nodewarm.api.servingspec import ServingSpec
 
 from . import cachekey
 
@@ -108,8 +109,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def _spec(args) -> cachekey.ServingSpec:
-    return cachekey.ServingSpec(args.model, args.revision, args.tp, args.pp, args.image,
+def _spec(args) -> ServingSpec:
+    return ServingSpec(args.model, args.revision, args.tp, args.pp, args.image,
                                 _pairs(args.engine_arg, "--engine-arg"))
 
 

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
+from nodewarm.api.servingspec import ServingSpec
 
 from ..localwrite import write_error
 from ..weights import capacity
@@ -228,7 +229,7 @@ def restore(store: CacheStore, factors: cachekey.Factors, roots: Mapping[str, Pa
     return result
 
 
-def restore_for_node(uri: str, verify_key: str, spec: cachekey.ServingSpec, dirs: bundle.CacheDirs,
+def restore_for_node(uri: str, verify_key: str, spec: ServingSpec, dirs: bundle.CacheDirs,
                      runtime: tuple[cachekey.RuntimeProbe, Mapping[str, str]] | None = None, *,
                      host_root: Path = Path("/"), node_labels: Mapping[str, str] | None = None,
                      settings: RestoreSettings = RestoreSettings()) -> RestoreResult:

@@ -1,4 +1,4 @@
-"""Where the vLLM pod finds its weights and keeps its compile caches.
+"""Where the weights and the compile caches are, on the node and in the vLLM pod.
 
 The renderer mounts these paths, the node agent fills their host side before the pod lands, and the
 publisher packs them. The model path is also part of the compile-cache key (vLLM hashes its model
@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from .generation import model_key
+from .warmprofile import WarmProfile
+
 MODEL_MOUNT = "/models"          # the warmed weights: /models/<profile>
 CACHE_MOUNT = "/compile-cache"   # hostPath <NVMe mount>/compile-cache
+CACHE_DIR = "compile-cache"      # the host side's folder on the NVMe mount
 POD_USER = "root"                # the vLLM image's user: Inductor names its headers dir after it
+# Where the node agent saves the post-restore snapshot (hitcheck.Baseline) and the publisher reads it: beside the
+# cache roots, not in one.
+BASELINE_FILE = "nodewarm-baseline.json"
 
 
 def model_path(profile: str) -> str:
@@ -31,3 +38,18 @@ def cache_dirs(base) -> dict[str, PurePosixPath]:
         "tmp": base / "tmp",
         "pch": base / "tmp" / f"torchinductor_{POD_USER}" / "precompiled_headers",
     }
+
+
+def models_dir(p: WarmProfile) -> str:
+    """The profile's folder of weights on the node: one subfolder per model identity (generation.model_key)."""
+    return f"{p.nodes.cache_mount}/nodewarm/models/{p.name}"
+
+
+def model_dir(p: WarmProfile) -> str:
+    """Where this model's weights land on the node, and where vLLM reads them from."""
+    return f"{models_dir(p)}/{model_key(p)}"
+
+
+def compile_cache_dir(p: WarmProfile) -> str:
+    """The hostPath vLLM's XDG_CACHE_HOME / Inductor / Triton caches live in (the AWS guide's layout)."""
+    return f"{p.nodes.cache_mount}/{CACHE_DIR}"

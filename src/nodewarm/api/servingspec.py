@@ -11,29 +11,23 @@ requests TP x PP GPUs.
 
 A flag the profile itself sets (model, TP, port, ...) is refused in extraArgs in any spelling: vLLM's parser lets
 the last occurrence win, so a repeat would silently override the field (and ``--port``/``--host`` would break the
-Service and the probes). "Any spelling" is vLLM's (0.32's server parser; tests/test_vllm_argv.py holds this module
-to it): ``_``/``-`` alike, a unique prefix of a long flag (argparse's abbreviations: ``--max-model=8`` is
+Service and the probes). "Any spelling" is vLLM's (0.32's server parser; tests/engine/test_vllm_argv.py holds this
+module to it): ``_``/``-`` alike, a unique prefix of a long flag (argparse's abbreviations: ``--max-model=8`` is
 ``--max-model-len=8``), a dotted key into a JSON flag (``--model-loader-extra-config.concurrency=4`` replaces the
 profile's loader config), its short options, and ``--config FILE`` (flags from a file nodewarm never sees).
-vLLM gets each extraArgs flag as one token, ``--name=value`` (``--name``/``--no-name`` for true/false): a value
-written as the next token can then never be read as vLLM's positional model argument instead
-(``--enable-prefix-caching false`` is, to vLLM, prefix caching on and the model "false"). ``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed it reaches
-vLLM as exactly ``--enforce-eager`` and the key as ``enforce-eager=true`` (eager code is not the compiled code).
+``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed the key has ``enforce-eager=true``
+(eager code is not the compiled code). How the renderer spells the flags for vLLM is nodeclasses/vllmargs.py.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Mapping
 
-from nodewarm.api.errors import ProfileError
-from nodewarm.profile import WarmProfile
-
+from .errors import ProfileError
 from .podlayout import model_path
-
-if TYPE_CHECKING:
-    from nodewarm.bootstrap.compilecache.cachekey import ServingSpec
+from .warmprofile import WarmProfile
 
 FIELD = "spec.serving.extraArgs"
 # vLLM's short options, each only as the whole token (argparse matches a single-dash option whole: "-tp2" is no
@@ -73,6 +67,18 @@ EAGER = "enforce-eager"
 
 
 @dataclass(frozen=True)
+class ServingSpec:
+    """How the model is served: everything in vLLM's config hash that the profile knows."""
+
+    model: str                # the exact model string vLLM gets (an S3 URL and a local path differ)
+    revision: str = ""
+    tp: int = 1
+    pp: int = 1
+    image: str = ""           # serving image digest: pins torch/vllm/triton builds and install paths
+    engine: Mapping[str, str] = field(default_factory=dict)  # dtype, max_model_len, compile sizes, ...
+
+
+@dataclass(frozen=True)
 class ExtraArg:
     """One ``serving.extraArgs`` flag: vLLM's long name (``-`` spelling up to a dotted key), its value, the tokens
     as written."""
@@ -84,13 +90,6 @@ class ExtraArg:
     def flag(self) -> str:
         """The flag itself: ``compilation-config`` for ``--compilation-config.mode=3``."""
         return self.name.partition(".")[0]
-
-    def spelled(self) -> str:
-        """The one token vLLM gets: ``--name=value``, or ``--name``/``--no-name`` for true/false (vLLM's boolean
-        flags take no value: ``--enable-prefix-caching=true`` is an error to it)."""
-        if self.value in ("true", "false") and "." not in self.name:
-            return f"--{self.name}" if self.value == "true" else f"--no-{self.name}"
-        return f"--{self.name}={self.value}"
 
 
 def _value(text: str) -> str:
@@ -185,14 +184,6 @@ def eager(parsed: list[ExtraArg]) -> bool:
     return bool(flags) and _eager_on(flags[-1])
 
 
-def vllm_extra_args(p: WarmProfile) -> list[str]:
-    """The extraArgs as vLLM gets them: one token per flag (ExtraArg.spelled), except eager mode, spelled the one
-    way every vLLM parses and only when on (``--no-enforce-eager`` is unknown to old ones)."""
-    parsed = checked_extra_args(p)
-    out = [a.spelled() for a in parsed if a.name != EAGER]
-    return out + (["--enforce-eager"] if eager(parsed) else [])
-
-
 def normalize_extra_args(parsed: list[ExtraArg]) -> dict[str, str]:
     """The engine settings of checked extraArgs as {flag: value} for the key: server-only flags left out, eager
     only when on (off is vLLM's default: the same compiled code as no flag at all)."""
@@ -202,10 +193,8 @@ def normalize_extra_args(parsed: list[ExtraArg]) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def serving_spec(p: WarmProfile) -> "ServingSpec":
+def serving_spec(p: WarmProfile) -> ServingSpec:
     """The compile-cache key's serving spec for this profile (the model string is the path vLLM is started with)."""
-    from nodewarm.bootstrap.compilecache.cachekey import ServingSpec
-
     s = p.serving
     extra = normalize_extra_args(checked_extra_args(p))
     pp_text = extra.pop("pipeline-parallel-size", "1")
@@ -216,15 +205,3 @@ def serving_spec(p: WarmProfile) -> "ServingSpec":
         engine["max-model-len"] = str(s.max_model_len)
     return ServingSpec(model=model_path(p.name), revision=p.model.revision or "", tp=s.tensor_parallel_size,
                        pp=int(pp_text), image=s.image, engine=dict(sorted(engine.items())))
-
-
-def spec_args(spec: "ServingSpec") -> tuple[str, ...]:
-    """A spec as `nodewarm publish` / `compile-cache key|restore` options (their _spec reads it back whole)."""
-    args = ["--model", spec.model, "--tp", str(spec.tp), "--pp", str(spec.pp)]
-    for k, v in sorted(spec.engine.items()):
-        args += ["--engine-arg", f"{k}={v}"]
-    if spec.revision:
-        args += ["--revision", spec.revision]
-    if spec.image:
-        args += ["--image", spec.image]
-    return tuple(args)

@@ -1,7 +1,7 @@
 """What a node must hold for a WarmProfile, and the short names the renderer and the node agent derive from it.
 
-The renderer puts these names into the vLLM Deployment (a nodeSelector on the generation label, the hostPath
-of the weights); the node agent computes the same names from the same WarmProfile object at boot and labels
+The renderer puts these names into the vLLM Deployment (a nodeSelector on ``names.GENERATION_LABEL``, the
+hostPath of the weights); the node agent computes the same names from the same WarmProfile object at boot and labels
 its Node when it holds that generation. Both sides call these functions, so they cannot disagree.
 
 Nothing here may reach a node object (EC2NodeClass, NodeClass, NodePool): Karpenter hashes those, and a
@@ -13,8 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .api.names import GENERATION_LABEL  # noqa: F401  (re-exported: where the generation is defined)
-from .profile import WarmProfile
+from .warmprofile import WarmProfile
 
 
 def _digest(doc: dict, length: int) -> str:
