@@ -21,8 +21,9 @@ from nodewarm.api.timeutil import parse_time
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import (
-    TAINT, FaultProxy, client_for, events_for, installed, running, taint_keys, uniq, wait_for,
+    TAINT, client_for, events_for, installed, running, taint_keys, uniq, wait_for,
 )
+from support.kubefaults import KubeFaults
 from support import paths
 
 pytestmark = pytest.mark.kube
@@ -31,7 +32,7 @@ REPO = paths.REPO
 
 @pytest.fixture
 def proxy(kube):
-    p = FaultProxy(kube.server, kube.ca_file)
+    p = KubeFaults(kube.server, kube.ca_file)
     yield p
     p.stop()
 
@@ -43,7 +44,7 @@ def warm(kube, admin, node: str) -> None:
 def test_watch_dropped_mid_stream_resumes_from_last_resource_version(kube, admin, k, proxy):
     sim = KarpenterSim(admin)
     proxy.drop_watch("/api/v1/nodes?", after_events=1)
-    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.endpoint, kube.admin_token)) as c:
         n = sim.scale_up(inst.pool)      # the node's first event is delivered, then the stream is cut
         warm(kube, admin, n.node)
         wait_for(lambda: TAINT not in taint_keys(k, n.node), what="taint removed after the watch was cut")
@@ -54,7 +55,7 @@ def test_watch_dropped_mid_stream_resumes_from_last_resource_version(kube, admin
 def test_410_gone_relists_and_keeps_working(kube, admin, k, proxy):
     sim = KarpenterSim(admin)
     proxy.gone_watch("/apis/karpenter.sh/v1/nodeclaims?")
-    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.endpoint, kube.admin_token)) as c:
         wait_for(lambda: c.claims.lists >= 2, what="re-list after 410")
         n = sim.scale_up(inst.pool)
         warm(kube, admin, n.node)
@@ -64,7 +65,7 @@ def test_410_gone_relists_and_keeps_working(kube, admin, k, proxy):
 
 def test_409_on_the_taint_patch_is_retried(kube, admin, k, proxy):
     sim = KarpenterSim(admin)
-    with installed(k, inject_ready=True) as inst, running(client_for(proxy.url, kube.admin_token)) as c:
+    with installed(k, inject_ready=True) as inst, running(client_for(proxy.endpoint, kube.admin_token)) as c:
         n = sim.scale_up(inst.pool)
         proxy.conflict_patch(f"/api/v1/nodes/{n.node}")
         warm(kube, admin, n.node)
@@ -205,7 +206,7 @@ def test_a_stalled_leader_stops_acting_before_the_standby_takes_over_after_expir
     ns = _new_namespace(k)
     opts = dict(leader_elect=True, lease_namespace=ns, lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.4)
     with installed(k, inject_ready=True) as inst, \
-            running(client_for(proxy.url, kube.admin_token), identity="one", **opts) as one:
+            running(client_for(proxy.endpoint, kube.admin_token), identity="one", **opts) as one:
         wait_for(lambda: one.is_leader.is_set(), what="one leads")
         with running(admin, identity="two", **opts) as two:
             time.sleep(1.0)
@@ -250,7 +251,7 @@ def test_lists_are_paginated_and_an_expired_continue_token_restarts_the_list(kub
     for name in names:
         fresh_node(name, [])
     proxy.gone_continue("/api/v1/nodes?")
-    with running(client_for(proxy.url, kube.admin_token), list_page_size=3, workers=0) as c:
+    with running(client_for(proxy.endpoint, kube.admin_token), list_page_size=3, workers=0) as c:
         assert set(names) <= set(c.nodes.store)
         assert ("gone_continue", ) == tuple({kind for kind, _ in proxy.injected})
         total = len(c.nodes.store)

@@ -23,7 +23,8 @@ import pytest
 import zstandard
 
 from support.bootstrap_fixtures import cache_store, proxied
-from support.faultproxy import Reply, first_n
+from support.faultproxy import first_n
+from support.s3faults import Reply
 from nodewarm import cli
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, signing

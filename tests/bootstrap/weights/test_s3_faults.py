@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from support.bootstrap_fixtures import KiB, model_files, proxy, put_model, visible_files, warm  # noqa: F401
-from support.faultproxy import Corrupt, Hook, Reply, Reset, Stall, Trickle, Truncate, first_n
+from support.faultproxy import Corrupt, Hook, Reset, Stall, Trickle, Truncate, first_n
+from support.s3faults import Reply
 from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.s3client import RetryPolicy
 from nodewarm.api.errors import NodewarmError

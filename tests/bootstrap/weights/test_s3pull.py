@@ -11,7 +11,7 @@ import pytest
 from support.bootstrap_fixtures import (  # noqa: F401
     KiB, loop_volume, model_files, new_bucket, proxied, proxy, put_model, visible_files, warm,
 )
-from support.faultproxy import Reply
+from support.s3faults import Reply
 from nodewarm.bootstrap import s3client
 from nodewarm.bootstrap.weights import listing, s3pull
 from nodewarm.bootstrap.weights.capacity import InsufficientNVMe
