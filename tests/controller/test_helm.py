@@ -135,26 +135,12 @@ def _documented_install() -> list[str]:
     return line.split()
 
 
-@pytest.fixture(scope="module")
-def bare_cluster(tmp_path_factory):
-    """A fresh API server with Karpenter's CRDs (and the Auto Mode test CRD) but not nodewarm's: a cluster
-    before its first install, with one kubelet identity."""
-    from nodewarm_dev.testenv import kube as kubeenv
-    from nodewarm_dev.testenv.crds import all_crds
-
-    cluster = kubeenv.start(tmp_path_factory.mktemp("helm"), node_names=("node-0",))
-    try:
-        cluster.apply_crds([c for c in all_crds() if c["spec"]["group"] != "nodewarm.io"] + [SERVICEMONITOR_CRD])
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.mark.kube
 def test_helm_install_then_its_controller_lifts_a_warm_nodes_taint(bare_cluster, tmp_path):
     from nodewarm.controller.kube import Kube
 
     kube = bare_cluster
+    kube.apply_crds([SERVICEMONITOR_CRD])       # the chart's ServiceMonitor needs the Prometheus Operator's CRD
     admin = kube.api_client()
     k = Kube(admin)
     env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig"))}

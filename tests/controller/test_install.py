@@ -74,20 +74,6 @@ def _documented_first_install() -> str:
     return " ".join(line.strip().rstrip("\\") for line in lines)
 
 
-@pytest.fixture(scope="module")
-def bare_cluster(tmp_path_factory):
-    """A fresh API server with Karpenter's CRDs but not nodewarm's: a cluster before its first install."""
-    from nodewarm_dev.testenv import kube as kubeenv
-    from nodewarm_dev.testenv.crds import all_crds
-
-    cluster = kubeenv.start(tmp_path_factory.mktemp("bare"))
-    try:
-        cluster.apply_crds([c for c in all_crds() if c["spec"]["group"] != "nodewarm.io"])
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.mark.kube
 def test_the_documented_first_install_works_where_one_apply_does_not(bare_cluster, tmp_path):
     kubectl = shutil.which("kubectl")
