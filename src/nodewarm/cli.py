@@ -12,12 +12,12 @@ from .api.errors import NodewarmError
 # Each module exposes register(subparsers), adding parsers whose `func(args) -> int` runs.
 # Order is the order shown in --help.
 TOP_LEVEL = [
-    "nodewarm.nodeclasses.cli",   # render
+    "nodewarm.render_cli",        # render
     "nodewarm.nodeclasses.drift_cli",  # drift hash
     "nodewarm.bootstrap.cli",     # bootstrap weights | compile-cache | run ; publish
     "nodewarm.controller.cli",    # controller
     "nodewarm.userdata.cli",      # package
-    "nodewarm.status",            # status
+    "nodewarm.status.cli",        # status
 ]
 # Distributions beside nodewarm add commands under this entry-point group (nodewarm-dev in dev/: `demo`); each
 # names a module with register(subparsers), shown in --help after the product's own.

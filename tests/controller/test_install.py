@@ -13,7 +13,7 @@ import yaml
 
 from nodewarm.cli import main
 from nodewarm.controller import manifests
-from nodewarm.nodeclasses.cli import HELP
+from nodewarm.render_cli import HELP
 from nodewarm.nodeclasses.render import render, warmprofile_document
 from nodewarm import instancetypes, profile
 from support.builders import USER_MIME, v

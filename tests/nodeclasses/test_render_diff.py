@@ -12,7 +12,7 @@ from nodewarm import instancetypes, profile
 from nodewarm.cli import main
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS
 from nodewarm.kubeapply import apply
-from nodewarm.nodeclasses import livediff
+from nodewarm import livediff
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 from support.builders import v

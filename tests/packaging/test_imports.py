@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodewarm.sizing", "nodewarm.instancetypes", "nodewarm.logs", "nodewarm.profile", "nodewarm.kubeapply"),
     ("nodewarm.nodeclasses", "nodewarm.userdata", "nodewarm.bootstrap"),
     ("nodewarm.controller",),
-    ("nodewarm.status", "nodewarm.cli"),
+    ("nodewarm.status", "nodewarm.cli", "nodewarm.render_cli", "nodewarm.livediff"),
 )
 API = "nodewarm.api"
 STDLIB = frozenset(sys.stdlib_module_names)

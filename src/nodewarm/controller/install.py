@@ -56,7 +56,7 @@ DEFAULT_METRICS_PORT, DEFAULT_HEALTH_PORT = 8080, 8081
 
 
 def _dump(docs: list[dict]) -> str:
-    from nodewarm.nodeclasses.cli import dump_all
+    from nodewarm.nodeclasses.yamldocs import dump_all
 
     return dump_all(docs)
 
@@ -100,7 +100,7 @@ def _deployment() -> tuple[dict, list[str]]:
 
 
 def _values() -> str:
-    from nodewarm.nodeclasses.cli import dump_all
+    from nodewarm.nodeclasses.yamldocs import dump_all
 
     resources = manifests.deployment("x")["spec"]["template"]["spec"]["containers"][0]["resources"]
     res = "\n".join("  " + line for line in dump_all([resources]).splitlines())

@@ -1,6 +1,7 @@
 """`nodewarm render --diff`: before anything is applied, which live NodeClaims the rendered NodePool and NodeClass
-would drift, and why. The thin I/O is ``read``; the judgement is ``driftpreview.preview``, the same function the
-controller's WouldDrift guard calls, so the preview and the controller cannot disagree."""
+would drift, and why. The thin I/O is ``read`` (through the controller's Kube, so it sits above the controller, beside
+render_cli.py); the judgement is ``driftpreview.preview``, the same function the controller's WouldDrift guard calls,
+so the preview and the controller cannot disagree."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
-from . import driftpreview
+from nodewarm.nodeclasses import driftpreview
 
 # What --diff reads, and nothing else: a read-only identity needs exactly these rules.
 RBAC_RULES = (

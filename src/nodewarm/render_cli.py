@@ -1,4 +1,9 @@
-"""`nodewarm render`: a WarmProfile -> the Kubernetes objects (and IAM policy) that make nodes warm."""
+"""`nodewarm render`: a WarmProfile -> the Kubernetes objects (and IAM policy) that make nodes warm.
+
+A front end, as `nodewarm status` is: besides the renderer (nodewarm.nodeclasses) it prints the controller's own
+objects (--with-controller, nodewarm.controller.manifests) and reads the live cluster (--diff, livediff.py), so it
+sits above both; the renderer itself imports neither.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,13 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import NodewarmError, ProfileError
+from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.nodeclasses import crdvalidate
+from nodewarm.nodeclasses.render import render
+from nodewarm.nodeclasses.yamldocs import dump_all
 from nodewarm.sizing import GB
-
-from . import crdvalidate
-from .render import render
 
 HELP = """\
 Render everything one WarmProfile needs, as multi-document YAML for `kubectl apply --server-side -f -`:
@@ -69,7 +73,7 @@ def measure_prefix_gb(uri: str) -> float:
     return total / GB
 
 
-def load_checked(path: str, source: str = "offline", measure: bool = False) -> tuple[profile.WarmProfile, dict]:
+def load_checked(path: str, source: str = "offline", measure: bool = False) -> tuple[WarmProfile, dict]:
     p = profile.load(path)
     if p.model.size_gb is None and measure:
         p = p.with_size(measure_prefix_gb(p.model.uri))
@@ -78,18 +82,6 @@ def load_checked(path: str, source: str = "offline", measure: bool = False) -> t
     if p.model.size_gb is None:
         raise ProfileError("spec.model.sizeGB", None, "set it, or pass --measure to size it from the S3 listing")
     return p, types
-
-
-class _PlainDumper(yaml.SafeDumper):
-    """No anchors and aliases: documents that share a dict (a label map used twice) would otherwise print as
-    &id001 / *id001, which kubectl reads but tools that diff or patch manifests (and people) do not."""
-
-    def ignore_aliases(self, data) -> bool:
-        return True
-
-
-def dump_all(docs: list[dict]) -> str:
-    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,15 +94,14 @@ def run(args: argparse.Namespace) -> int:
         raise ProfileError("-f/--file", None, "name the WarmProfile to render (or pass --crd for the CRD alone)")
     p, types = load_checked(args.file, args.instance_source, args.measure)
     if args.device_plugin_patch:
-        from . import deviceplugin
+        from nodewarm.nodeclasses import deviceplugin
 
         sys.stdout.write(deviceplugin.commands(args.device_plugin_patch, p.readiness.taint_key))
         return 0
     out = render(p, types)
     if args.diff:
-        from nodewarm.status import api_client_from
-
-        from . import livediff
+        from nodewarm import livediff
+        from nodewarm.status.cli import api_client_from
 
         diff = livediff.read(api_client_from(args.kubeconfig), out.documents)
         sys.stdout.write("".join(line + "\n" for line in livediff.report(diff, p.model.size_gb)))
