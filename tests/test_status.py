@@ -11,8 +11,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from nodewarm import status
 from nodewarm.api import names as labels
+from nodewarm.api.timeutil import fmt_duration
+from nodewarm.status.cli import RBAC_RULES
+from nodewarm.status.explain import explain
+from nodewarm.status.observed import Observed
+from nodewarm.status.rows import rows
+from nodewarm.status.text import format_explanation, format_rows, held_notes
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.weights import progress as wprogress
 from support.builders import condition, node, nodeclaim, v
@@ -58,7 +63,7 @@ def warming_pair():
         "nodewarm.io/timeline": tl(agent_started=460, weights_started=459, first_byte=455,
                                    compile_cache_started=459, compile_cache_restored=440, image_prepull_started=459,
                                    gpus_wait_started=459),
-        status.PROGRESS_ANNOTATION: progress_ann(26 * GB, 60 * GB)})
+        labels.PROGRESS_ANNOTATION: progress_ann(26 * GB, 60 * GB)})
     return c, n
 
 
@@ -94,7 +99,7 @@ def cold_pair():
     n = node("ip-10-0-1-4.ec2.internal", claim=c, created=ago(1502), taints=(),
                  labels={"nodewarm.io/warm": "cold", "nodewarm.io/compile-cache": "cold"}, annotations={
                      "nodewarm.io/timeline": tl(agent_started=1490, weights_started=1489),
-                     status.PROGRESS_ANNOTATION: progress_ann(50 * GB, 60 * GB),
+                     labels.PROGRESS_ANNOTATION: progress_ann(50 * GB, 60 * GB),
                      "nodewarm.io/state": state_ann("DeadlineUntaint", 300, 1500)})
     return c, n
 
@@ -116,7 +121,7 @@ def past_deadline_pair():
 def observed(*pairs, profiles=None, events=()):
     claims = [c for c, _ in pairs if c is not None]
     nodes = [n for _, n in pairs if n is not None]
-    return status.Observed(nodes=nodes, claims=claims, profiles=profiles or [v()], events=list(events))
+    return Observed(nodes=nodes, claims=claims, profiles=profiles or [v()], events=list(events))
 
 
 def by_name(rs):
@@ -132,8 +137,8 @@ def test_each_phase_from_realistic_objects():
                            deleting=ago(15)), None)
     obs = observed(launching, registering, warming_pair(), warm_pair(), serving_pair(), cold_pair(), failed_pair(),
                    past_deadline_pair(), replacing)
-    rs = by_name(status.rows(obs, NOW))
-    got = {k: (r.phase, status.fmt_duration(r.in_phase_s), r.reason) for k, r in rs.items()}
+    rs = by_name(rows(obs, NOW))
+    got = {k: (r.phase, fmt_duration(r.in_phase_s), r.reason) for k, r in rs.items()}
     assert got == {
         "nodeclaim/gpu-p5-aaaaaa": ("Launching", "40s", "AwaitingReconciliation"),
         "nodeclaim/gpu-p5-bbbbbb": ("Registering", "30s", "NotRegistered"),
@@ -166,9 +171,9 @@ def test_keep_decision_and_a_taint_someone_else_removed():
     n["metadata"]["annotations"]["nodewarm.io/state"] = state_ann("DeadlineKeep", 50, 1260)
     c2, n2 = warming_pair()
     n2["spec"]["taints"] = []
-    rs = by_name(status.rows(observed((c, n), (c2, n2), profiles=[v(spec__readiness__onDeadline="keep")]), NOW))
+    rs = by_name(rows(observed((c, n), (c2, n2), profiles=[v(spec__readiness__onDeadline="keep")]), NOW))
     assert rs["ip-10-0-1-6.ec2.internal"].phase == "DeadlineKeep"
-    assert status.fmt_duration(rs["ip-10-0-1-6.ec2.internal"].in_phase_s) == "50s"
+    assert fmt_duration(rs["ip-10-0-1-6.ec2.internal"].in_phase_s) == "50s"
     assert rs["ip-10-0-1-1.ec2.internal"].phase == "Untainted(external)"
 
 
@@ -176,7 +181,7 @@ def test_warming_reason_is_what_the_agent_is_still_busy_with():
     def reason(**ago):
         c, n = warming_pair()
         n["metadata"]["annotations"]["nodewarm.io/timeline"] = tl(agent_started=460, **ago)
-        return status.rows(observed((c, n)), NOW)[0].reason
+        return rows(observed((c, n)), NOW)[0].reason
 
     started = dict(weights_started=459, image_prepull_started=459, gpus_wait_started=459, compile_cache_started=459)
     assert reason(**started) == "PullingWeights"
@@ -193,10 +198,10 @@ def test_a_pool_named_by_two_profiles_shows_the_one_the_controller_binds_it_to()
     older = v(metadata__name="z-older", spec__readiness__deadline="20m")
     newer["metadata"]["creationTimestamp"], older["metadata"]["creationTimestamp"] = ts(60), ts(3600)
     for listed in ([newer, older], [older, newer]):
-        rs = status.rows(observed(warming_pair(), profiles=listed), NOW)
+        rs = rows(observed(warming_pair(), profiles=listed), NOW)
         assert {r.profile for r in rs} == {"z-older"}
     deleting = dict(older, metadata={**older["metadata"], "deletionTimestamp": ts(1)})
-    assert {r.profile for r in status.rows(observed(warming_pair(), profiles=[newer, deleting]), NOW)} == {"a-newer"}
+    assert {r.profile for r in rows(observed(warming_pair(), profiles=[newer, deleting]), NOW)} == {"a-newer"}
 
 
 def held(o: dict, reason: str | None = "WouldDrift", finalizers=(labels.CLEANUP_FINALIZER,)) -> dict:
@@ -213,18 +218,18 @@ def test_a_deleted_profile_whose_clean_up_is_held_keeps_its_nodes_as_the_control
     old = v(spec__readiness__deadline="5m")
     old["metadata"]["creationTimestamp"] = ts(3600)
     obs = observed(warming_pair(), profiles=[held(old)])
-    rs = status.rows(obs, NOW)
+    rs = rows(obs, NOW)
     assert [(r.profile, r.phase, r.cleanup, r.deadline) for r in rs] == [(PROFILE, "Warming", "WouldDrift", "5m")]
-    assert status.held_notes(rs, obs) == [
+    assert held_notes(rs, obs) == [
         f"WarmProfile {PROFILE} is deleted; its clean-up is held (Cleanup=WouldDrift), so it still gates NodePool "
         f"{POOL}: removing it would drift 1 live NodeClaim(s)"]
-    x = status.explain(obs, "ip-10-0-1-1.ec2.internal", NOW)
-    assert "clean-up held: WouldDrift" in status.format_explanation(x) and status.held_notes(rs, obs)[0] in x.notes
-    assert status.rows(observed(warming_pair(), profiles=[held(old, reason=None)]), NOW)[0].cleanup == "Pending"
-    assert status.rows(observed(warming_pair(), profiles=[held(old, finalizers=())]), NOW) == []   # nothing held
+    x = explain(obs, "ip-10-0-1-1.ec2.internal", NOW)
+    assert "clean-up held: WouldDrift" in format_explanation(x) and held_notes(rs, obs)[0] in x.notes
+    assert rows(observed(warming_pair(), profiles=[held(old, reason=None)]), NOW)[0].cleanup == "Pending"
+    assert rows(observed(warming_pair(), profiles=[held(old, finalizers=())]), NOW) == []   # nothing held
     newer = v(metadata__name="a-newer")
     newer["metadata"]["creationTimestamp"] = ts(60)
-    assert [(r.profile, r.cleanup) for r in status.rows(observed(warming_pair(), profiles=[held(old), newer]),
+    assert [(r.profile, r.cleanup) for r in rows(observed(warming_pair(), profiles=[held(old), newer]),
                                                         NOW)] == [("a-newer", "")]
 
 
@@ -236,13 +241,13 @@ def test_profile_filter_and_nodes_outside_any_profile_are_left_out():
     lc = nodeclaim("gpu-p4d-abc", created=ago(100), launched=ago(90), registered=ago(80), pool="gpu-p4d")
     ln = node("ip-10-0-2-2.ec2.internal", claim=lc, created=ago(80))
     obs = observed((c, n), (foreign_c, foreign_n), (lc, ln), profiles=[v(), other])
-    assert [r.name for r in status.rows(obs, NOW)] == ["ip-10-0-2-2.ec2.internal", "ip-10-0-1-2.ec2.internal"]
-    assert [r.name for r in status.rows(obs, NOW, profile="llama")] == ["ip-10-0-2-2.ec2.internal"]
+    assert [r.name for r in rows(obs, NOW)] == ["ip-10-0-2-2.ec2.internal", "ip-10-0-1-2.ec2.internal"]
+    assert [r.name for r in rows(obs, NOW, profile="llama")] == ["ip-10-0-2-2.ec2.internal"]
 
 
 def test_a_node_without_its_claim_is_still_shown():
     c, n = warming_pair()
-    rs = status.rows(observed((None, n)), NOW)
+    rs = rows(observed((None, n)), NOW)
     assert [(r.name, r.phase, r.node_claim) for r in rs] == [("ip-10-0-1-1.ec2.internal", "Warming", "")]
     # Without the claim's Registered time the deadline counts from the Node's creation (as the controller does).
     assert rs[0].deadline_text() == "12m10s"
@@ -250,19 +255,19 @@ def test_a_node_without_its_claim_is_still_shown():
 
 def test_table_and_wide_columns():
     obs = observed(warming_pair(), serving_pair())
-    out = status.format_rows(status.rows(obs, NOW))
+    out = format_rows(rows(obs, NOW))
     lines = out.splitlines()
     assert lines[0].split() == ["NAME", "PROFILE", "PHASE", "FOR", "WEIGHTS", "CACHE", "REASON", "DEADLINE"]
     assert lines[1].split() == ["ip-10-0-1-1.ec2.internal", PROFILE, "Warming", "7m48s", "26/60", "GB", "43%",
                                 "restored", "PullingWeights", "12m12s"]
-    wide = status.format_rows(status.rows(obs, NOW), wide=True).splitlines()
+    wide = format_rows(rows(obs, NOW), wide=True).splitlines()
     assert wide[0].split()[-5:] == ["NODECLAIM", "INSTANCE-TYPE", "GENERATION", "IMAGE", "GPUS"]
     assert wide[2].split()[-5:] == ["gpu-p5-serving", "p5.48xlarge", "4f2a9c1e0b7d3a65", "pulled", "8/8"]
     assert wide[1].split()[-5:] == ["gpu-p5-warming", "p5.48xlarge", "-", "-", "8"]   # allocatable, no annotation
 
 
 def test_json_rows_are_machine_readable():
-    d = [r.to_dict() for r in status.rows(observed(warming_pair()), NOW)]
+    d = [r.to_dict() for r in rows(observed(warming_pair()), NOW)]
     json.dumps(d)
     assert d[0]["phase"] == "Warming" and d[0]["weights"]["done"] == 26 * GB
     assert d[0]["weights"]["total"] == 60 * GB and round(d[0]["weights"]["percent"]) == 43
@@ -279,7 +284,7 @@ def test_explain_a_warming_node():
                "lastTimestamp": ts(468)},
               {"metadata": {"name": "e3"}, "involvedObject": {"kind": "Node", "name": "another"},
                "reason": "X", "message": "", "type": "Normal", "lastTimestamp": ts(1)}]
-    x = status.explain(observed((c, n), warm_pair(), events=events), n["metadata"]["name"], NOW)
+    x = explain(observed((c, n), warm_pair(), events=events), n["metadata"]["name"], NOW)
     assert x.waits_for == ["weights 43% (26/60 GB, 2000 MB/s, ~17s left, reported 10s ago)",
                            "image pre-pull (the kubelet pulling the serving image)",
                            "GPUs not advertised: device plugin (the Node's allocatable nvidia.com/gpu)",
@@ -289,19 +294,19 @@ def test_explain_a_warming_node():
     assert steps["pull weights"].outcome == "running" and steps["pull weights"].end is None
     assert steps["register node"].outcome == "Registered"
     assert [e.reason for e in x.events] == ["Launched", "Registered"]
-    text = status.format_explanation(x)
+    text = format_explanation(x)
     assert "Phase:       Warming for 7m48s" in text and "- weights 43% (26/60 GB" in text
     assert "restore compile cache" in text and "NodeClaim/gpu-p5-warming" in text
     d = json.loads(json.dumps(x.to_dict()))             # -o json
     assert d["row"]["phase"] == "Warming" and d["waitsFor"] == x.waits_for and len(d["events"]) == 2
     # By its NodeClaim's name too.
-    assert status.explain(observed((c, n)), "gpu-p5-warming", NOW).row.node == n["metadata"]["name"]
-    assert status.explain(observed((c, n)), "nope", NOW) is None
+    assert explain(observed((c, n)), "gpu-p5-warming", NOW).row.node == n["metadata"]["name"]
+    assert explain(observed((c, n)), "nope", NOW) is None
 
 
 def test_explain_other_phases_say_what_they_wait_for():
     def waits(pair, **kw):
-        return status.explain(observed(pair, **kw), (pair[1] or pair[0])["metadata"]["name"], NOW).waits_for
+        return explain(observed(pair, **kw), (pair[1] or pair[0])["metadata"]["name"], NOW).waits_for
 
     assert waits(warm_pair()) == ["the controller to lift the startup taint (the node reported Warm)"]
     assert waits(serving_pair())[0].startswith("nothing from nodewarm")
@@ -315,16 +320,16 @@ def test_explain_other_phases_say_what_they_wait_for():
     c, n = past_deadline_pair()                 # no timeline yet: an agent that has not written anything
     assert waits((c, n))[0].startswith("the node agent to report")
     c, n = warming_pair()                       # the pull started, no byte count yet
-    del n["metadata"]["annotations"][status.PROGRESS_ANNOTATION]
+    del n["metadata"]["annotations"][labels.PROGRESS_ANNOTATION]
     assert waits((c, n))[0] == "weights (listing, checking capacity or pulling: no byte count reported yet)"
 
 
 def test_odd_annotations_do_not_break_the_table():
     c, n = warming_pair()
-    n["metadata"]["annotations"].update({"nodewarm.io/timeline": "{not json", status.PROGRESS_ANNOTATION: "[]",
+    n["metadata"]["annotations"].update({"nodewarm.io/timeline": "{not json", labels.PROGRESS_ANNOTATION: "[]",
                                          "nodewarm.io/state": "null"})
     bad_profile = v(spec__readiness__deadline="soon")
-    r = status.rows(observed((c, n), profiles=[bad_profile]), NOW)[0]
+    r = rows(observed((c, n), profiles=[bad_profile]), NOW)[0]
     assert (r.phase, r.weights.text(), r.deadline_text()) == ("Warming", "-", "-")
 
 
@@ -332,16 +337,19 @@ def test_names_match_their_owners_and_the_module_stays_light():
     import subprocess
     import sys
 
-    from nodewarm.controller import plan
+    from nodewarm.api import views
     from nodewarm.api.names import GENERATION_LABEL
+    from nodewarm.controller import plan
+    from nodewarm.status import rows as status_rows
 
-    # One name each, from nodewarm.api.names, for the controller that writes it and the status that reads it.
-    assert status.STATE_ANNOTATION is plan.STATE_ANNOTATION and status.GENERATION_LABEL is GENERATION_LABEL
-    assert status.CACHE_LABEL is plan.CACHE_LABEL
-    assert status.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION     # one name: the agent writes it from there
+    # One name each, from nodewarm.api.names, for the controller that writes it and the status that reads it (the
+    # record through the views both read it with).
+    assert views.STATE_ANNOTATION is plan.STATE_ANNOTATION and status_rows.GENERATION_LABEL is GENERATION_LABEL
+    assert status_rows.CACHE_LABEL is plan.CACHE_LABEL
+    assert status_rows.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION  # one name: the agent writes it from there
     # `nodewarm --help` imports every command's module: this one must not pull in boto3 or the controller.
     heavy = ("boto", "nodewarm.controller", "nodewarm.profile")
-    code = f"import sys, nodewarm.status; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    code = f"import sys, nodewarm.status.cli; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -393,7 +401,7 @@ def test_live_progress_writes_when_something_changed_and_stops_on_refusal():
     live.on_progress("download", wprogress.Snapshot(26 * GB, 60 * GB, 13.0, 2e9))
     live.on_progress("other", wprogress.Snapshot(1, 1, 1.0, 1.0))
     assert live.flush() is True
-    p = json.loads(written[-1][status.PROGRESS_ANNOTATION])
+    p = json.loads(written[-1][labels.PROGRESS_ANNOTATION])
     assert (p["doneBytes"], p["totalBytes"], p["mbps"]) == (26 * GB, 60 * GB, 2000.0)
     assert json.loads(written[-1]["nodewarm.io/timeline"]) == live.timeline
     assert all(k.startswith("nodewarm.io/") for w in written for k in w)
@@ -435,21 +443,21 @@ def test_agent_wires_the_pull_progress_and_its_timeline_into_live_progress(monke
     assert result.warm, result.message
     assert live.timeline is not None and "weights_done" in live.timeline
     assert live.flush()
-    p = json.loads(written[-1][status.PROGRESS_ANNOTATION])
+    p = json.loads(written[-1][labels.PROGRESS_ANNOTATION])
     assert (p["doneBytes"], p["totalBytes"]) == (26, 60)
 
 
 # ------------------------------------------------------------------------------------------------ real API server
 
 def _read_only_kubeconfig(kube, admin_k, tmp_path):
-    """A ServiceAccount bound to a ClusterRole with status.RBAC_RULES (list only; events in `default` by a Role)."""
+    """A ServiceAccount bound to a ClusterRole with RBAC_RULES (list only; events in `default` by a Role)."""
     from support.rbac import apply_replacing
 
     from support.controller_fixtures import uniq
 
     ns = uniq("status")
-    cluster_rules = [r for r in status.RBAC_RULES if r["resources"] != ["events"]]
-    events_rules = [r for r in status.RBAC_RULES if r["resources"] == ["events"]]
+    cluster_rules = [r for r in RBAC_RULES if r["resources"] != ["events"]]
+    events_rules = [r for r in RBAC_RULES if r["resources"] == ["events"]]
     sa = {"kind": "ServiceAccount", "name": "viewer", "namespace": ns}
     apply_replacing(admin_k, [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
@@ -503,11 +511,11 @@ def test_status_against_the_real_api_server_read_only(kube, admin, k, tmp_path, 
 
         report_progress(as_node, names["warming"], {
             "nodewarm.io/timeline": json.dumps({"agent_started": real(5), "weights_started": real(5)}),
-            status.PROGRESS_ANNOTATION: json.dumps({"doneBytes": 26 * GB, "totalBytes": 60 * GB, "mbps": 2000.0,
+            labels.PROGRESS_ANNOTATION: json.dumps({"doneBytes": 26 * GB, "totalBytes": 60 * GB, "mbps": 2000.0,
                                                     "at": real(0)})})
         # Another node's identity may not write it (NodeRestriction).
         with pytest.raises(NodewarmError):
-            report_progress(as_node, names["warm"], {status.PROGRESS_ANNOTATION: "{}"})
+            report_progress(as_node, names["warm"], {labels.PROGRESS_ANNOTATION: "{}"})
         report_warm(kube.api_client(kube.node_token(names["warm"])), names["warm"], True, "WeightsVerified", "ok",
                     {"nodewarm.io/compile-cache": "cold", "nodewarm.io/compile-cache-reason": "NoBundle"})
         wait_for(lambda: inst.profile.readiness.taint_key not in taint_keys(k, names["warm"]), what="warm lifted")
