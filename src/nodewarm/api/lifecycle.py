@@ -6,6 +6,7 @@ Four rules, each used by both (tests/api/test_lifecycle_contract.py holds them t
 * ownership: which WarmProfile gates a NodePool (``binding_order``, ``pool_owner``) and by which taint key
   (``gating_taint``);
 * the deadline's start (``deadline_start``) and when it runs (``DEADLINE_PHASES``);
+* which phases leave the controller a decision to make (``UNDECIDED_PHASES``);
 * the phase (``phase``): from the NodeClaim's Karpenter conditions, the Node's startup taint, the agent's Warm
   condition and the controller's record.
 """
@@ -141,8 +142,9 @@ class Phase(StrEnum):
 
 # The phases in which readiness.deadline runs: the taint is on, nothing is decided, the node is not Warm.
 DEADLINE_PHASES = frozenset({Phase.WARMING, Phase.FAILED})
-# The controller has nothing left to do for a node in these (its decision is made, or the node is gone).
-SETTLED_PHASES = frozenset({Phase.SERVING, Phase.COLD, Phase.UNTAINTED, Phase.REPLACING})
+# The phases in which the controller still has a decision to make: lift the taint of a Warm node (a kept one
+# included), or run the deadline. In every other the node has no Node yet, is going, or is decided.
+UNDECIDED_PHASES = frozenset({Phase.WARM, Phase.KEPT}) | DEADLINE_PHASES
 
 NODECLAIM_DELETING = "NodeClaimDeleting"
 NODE_DELETING = "NodeDeleting"

@@ -106,7 +106,8 @@ def track(claim: ClaimView, node: NodeView | None) -> Condition:
     if claim.launched is not None:
         return Condition(ConditionType.TRACKED, "False", Reason.NOT_REGISTERED,
                          "instance launched, node not registered yet")
-    return Condition(ConditionType.TRACKED, "False", Reason.NOT_LAUNCHED, "waiting for Karpenter to launch the instance")
+    return Condition(ConditionType.TRACKED, "False", Reason.NOT_LAUNCHED,
+                     "waiting for Karpenter to launch the instance")
 
 
 def guarded_taint_removal(node: NodeView, taint_key: str) -> list[dict]:
@@ -231,7 +232,7 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
     tracked = track(claim, node)
     key = p.readiness.taint_key
     stage = lifecycle.phase(claim, node, key)
-    if stage.phase is not Phase.WARM and stage.phase is not Phase.KEPT and stage.phase not in lifecycle.DEADLINE_PHASES:
+    if stage.phase not in lifecycle.UNDECIDED_PHASES:
         # No Node yet, or it is going; or decided earlier (record present) or the taint is gone (someone else
         # lifted it): nothing to do, and in particular no second event or metric after a restart. Only "keep"
         # waits on: a node that turns Warm after its deadline is still untainted.
