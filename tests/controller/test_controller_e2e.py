@@ -15,8 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm.api import generation
 from nodewarm.bootstrap.nodestatus import report_warm
-from nodewarm.controller.controller import Controller
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
+from nodewarm.controller.manager import Controller
 from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
@@ -221,7 +221,7 @@ def test_a_node_that_just_turned_warm_is_untainted_never_replaced(kube, admin, k
     with installed(k, inject_ready=True, deadline="1m", on_deadline="replace") as inst, \
             running(admin, workers=0) as c:
         n = sim.scale_up(inst.pool, registered_ago_s=120)
-        wait_for(lambda: n.claim in c.claims.store and c._node_for(c.claims.store[n.claim]), what="claim and node cached")
+        wait_for(lambda: n.claim in c.claims.store and c.node_for(c.claims.store[n.claim]), what="claim and node cached")
         c.nodes.stop()                                # the cache falls behind: it never sees the Warm report
         _warm(kube, admin, n.node)
         plan = c.reconcile_claim(n.claim)             # the cached view says "past the deadline, replace"

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from nodewarm import profile
 from nodewarm.api.names import WARM_CONDITION
 from nodewarm.controller import plan as planner
-from nodewarm.controller.controller import Controller
+from nodewarm.controller.manager import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
 from nodewarm.api.views import ClaimView, NodeView
 from support import builders

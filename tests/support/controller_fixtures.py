@@ -11,10 +11,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes, profile
-from nodewarm.controller.controller import Controller, ControllerOptions
 from nodewarm.controller.kube import (
     AUTOMODE_NODECLASSES, EC2NODECLASSES, EVENTS, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
 )
+from nodewarm.controller.manager import Controller
+from nodewarm.controller.options import ControllerOptions
 from nodewarm.nodeclasses import automode, ec2nodeclass, nodepool, render
 from support.builders import USER_MIME, v
 

@@ -97,7 +97,7 @@ def api_client_from(kubeconfig: str | None):
 def options_from(args: argparse.Namespace):
     from nodewarm import profile
 
-    from .controller import ControllerOptions
+    from .options import ControllerOptions
 
     port = lambda v: None if v < 0 else v  # noqa: E731
     kw = dict(dry_run=args.dry_run, workers=max(1, args.workers), leader_elect=args.leader_elect and not args.once,
@@ -113,7 +113,7 @@ def options_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .controller import Controller
+    from .manager import Controller
 
     opts = options_from(args)
     if args.once:

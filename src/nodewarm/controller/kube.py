@@ -72,6 +72,9 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=Tru
 # Listed and watched across all namespaces (/apis/apps/v1/daemonsets): the device plugins (controller/deviceplugins.py).
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
 
+# A guarded write (a test op, a resourceVersion) that meets a changed object re-reads it and tries again, this often.
+MAX_CONFLICT_RETRIES = 5
+
 
 def is_status(e: BaseException, *codes: int) -> bool:
     return isinstance(e, ApiException) and e.status in codes

@@ -36,6 +36,10 @@ def _micro(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
 
 
+class NotLeading(Exception):
+    """This replica's Lease no longer covers a write: drop the work, the next leader re-enqueues it."""
+
+
 @dataclass(frozen=True)
 class LeaderConfig:
     namespace: str

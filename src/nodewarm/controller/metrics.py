@@ -90,5 +90,10 @@ class HttpEndpoints:
         self.server.server_close()
 
 
+def health_routes(healthy: Callable[[], bool], ready: Callable[[], bool]) -> dict:
+    return {"/healthz": lambda: (200, "text/plain", b"ok\n") if healthy() else (500, "text/plain", b"unhealthy\n"),
+            "/readyz": lambda: (200, "text/plain", b"ok\n") if ready() else (503, "text/plain", b"caches not synced\n")}
+
+
 def metrics_routes(m: Metrics) -> dict:
     return {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, m.exposition())}

@@ -667,7 +667,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
 
     from nodewarm import instancetypes
     from nodewarm.bootstrap.compilecache import signing
-    from nodewarm.controller.controller import Controller, ControllerOptions
+    from nodewarm.controller.manager import Controller
+    from nodewarm.controller.options import ControllerOptions
     from nodewarm_dev.testenv.karpenter import KarpenterSim
     from nodewarm_dev.testenv.ports import free_port
 

@@ -1,0 +1,36 @@
+"""Which cached Node is a NodeClaim's: an index by providerID on both sides, as nodewarm.api.lifecycle pairs them
+(Karpenter's NodeForNodeClaim), kept up to date by the informers' handlers."""
+
+from __future__ import annotations
+
+import threading
+
+from nodewarm.api.views import ClaimView, NodeView
+
+
+class ProviderIndex:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._node_by_pid: dict[str, str] = {}
+        self._claim_by_pid: dict[str, str] = {}
+
+    def claim_changed(self, kind: str, old: ClaimView | None, new: ClaimView | None) -> None:
+        with self._lock:
+            if old is not None and old.provider_id and self._claim_by_pid.get(old.provider_id) == old.name:
+                del self._claim_by_pid[old.provider_id]
+            if kind != "DELETED" and new is not None and new.provider_id:
+                self._claim_by_pid[new.provider_id] = new.name
+
+    def node_changed(self, kind: str, old: NodeView | None, new: NodeView | None) -> str | None:
+        """Index the change; the name of the NodeClaim the Node belongs to, if one is cached."""
+        pid = (new or old).provider_id
+        with self._lock:
+            if old is not None and old.provider_id and self._node_by_pid.get(old.provider_id) == old.name:
+                del self._node_by_pid[old.provider_id]
+            if kind != "DELETED" and new is not None and new.provider_id:
+                self._node_by_pid[new.provider_id] = new.name
+            return self._claim_by_pid.get(pid) if pid else None
+
+    def node_name(self, claim: ClaimView) -> str | None:
+        with self._lock:
+            return self._node_by_pid.get(claim.provider_id) if claim.provider_id else None
