@@ -18,12 +18,13 @@ import yaml
 
 from . import instancetypes, sizing
 from .api import defaults
+from .api.defaults import default
 from .api.errors import ProfileError
 from .api.schema import strict_schema
 from .api.servingspec import checked_extra_args, serving_spec
 from .api.warmprofile import (
     Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, Injection, Model, NodeLimits, Nodes, Publisher,
-    Readiness, Serving, WarmProfile, parse_duration_s,
+    DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, parse_duration_s,
 )
 
 
@@ -117,9 +118,6 @@ def _check_prepull_timeout(doc: Any) -> None:
                            "above zero, e.g. 90s, 10m (the default) or 1h")
 
 
-DEFAULT_PREPULL_TIMEOUT_S = 600
-
-
 def default_prepull_timeout(deadline: str) -> str:
     """10m, or half the readiness deadline when that is shorter: the pre-pull must give up (and say so) before
     the deadline acts on the node. Not a schema default, which could not follow the deadline."""
@@ -131,7 +129,8 @@ def _drift_pace(d: dict | None) -> DriftPace | None:
     if d is None:
         return None
     w = d.get("window")
-    return DriftPace(nodes=d.get("nodes", "1"), window=DriftWindow(w["start"], w["duration"]) if w else None)
+    return DriftPace(nodes=d.get("nodes", default("nodes.disruption.drift.nodes")),
+                     window=DriftWindow(w["start"], w["duration"]) if w else None)
 
 
 def from_dict(doc: dict) -> WarmProfile:
@@ -147,17 +146,17 @@ def from_dict(doc: dict) -> WarmProfile:
         model=Model(uri=m["uri"], size_gb=m.get("sizeGB"), revision=m.get("revision", "")),
         serving=Serving(
             image=sv["image"],
-            tensor_parallel_size=sv.get("tensorParallelSize", 1),
+            tensor_parallel_size=sv.get("tensorParallelSize", default("serving.tensorParallelSize")),
             max_model_len=sv.get("maxModelLen"),
-            chunk_size_gb=sv.get("chunkSizeGB", 4),
-            dtype=sv.get("dtype", "auto"),
-            replicas=sv.get("replicas", 1),
-            namespace=sv.get("namespace", "default"),
-            port=sv.get("port", 8000),
-            s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", 3000),
-            s3_low_speed_limit=sv.get("s3LowSpeedLimit", 1048576),
+            chunk_size_gb=sv.get("chunkSizeGB", default("serving.chunkSizeGB")),
+            dtype=sv.get("dtype", default("serving.dtype")),
+            replicas=sv.get("replicas", default("serving.replicas")),
+            namespace=sv.get("namespace", default("serving.namespace")),
+            port=sv.get("port", default("serving.port")),
+            s3_request_timeout_ms=sv.get("s3RequestTimeoutMs", default("serving.s3RequestTimeoutMs")),
+            s3_low_speed_limit=sv.get("s3LowSpeedLimit", default("serving.s3LowSpeedLimit")),
             extra_args=tuple(sv.get("extraArgs", ())),
-            allow_eager=sv.get("allowEager", False),
+            allow_eager=sv.get("allowEager", default("serving.allowEager")),
             cpu_request=sv.get("resources", {}).get("cpu"),
             memory_request=sv.get("resources", {}).get("memory"),
         ),
@@ -178,14 +177,17 @@ def from_dict(doc: dict) -> WarmProfile:
             limits=NodeLimits(gpus=n.get("limits", {}).get("gpus"), cpu=n.get("limits", {}).get("cpu"),
                               memory=n.get("limits", {}).get("memory")),
             disruption=Disruption(
-                consolidation_policy=n.get("disruption", {}).get("consolidationPolicy", "WhenEmpty"),
-                consolidate_after=n.get("disruption", {}).get("consolidateAfter", "10m"),
+                consolidation_policy=n.get("disruption", {}).get("consolidationPolicy",
+                                                                 default("nodes.disruption.consolidationPolicy")),
+                consolidate_after=n.get("disruption", {}).get("consolidateAfter",
+                                                              default("nodes.disruption.consolidateAfter")),
                 budgets=tuple(n.get("disruption", {}).get("budgets", ())),
                 drift=_drift_pace(n.get("disruption", {}).get("drift"))),
         ),
         compile_cache=CompileCache(uri=cc["uri"], verify_key=cc.get("verifyKey"), publisher=(
             Publisher(cc["publisher"]["image"], cc["publisher"]["signingKeySecret"],
-                      cc["publisher"].get("quietSeconds", 30)) if "publisher" in cc else None)),
+                      cc["publisher"].get("quietSeconds", default("compileCache.publisher.quietSeconds")))
+            if "publisher" in cc else None)),
         readiness=Readiness(
             taint_key=r.get("taintKey", defaults.TAINT_KEY),
             deadline=r.get("deadline", defaults.DEADLINE),
@@ -195,13 +197,13 @@ def from_dict(doc: dict) -> WarmProfile:
             image=b.get("image"),
             artifact_uri=b.get("artifactUri"),
             artifact_sha256=b.get("artifactSha256"),
-            allow_non_nvme=b.get("allowNonNvme", False),
-            namespace=b.get("namespace", "nodewarm-system"),
+            allow_non_nvme=b.get("allowNonNvme", default("bootstrap.allowNonNvme")),
+            namespace=b.get("namespace", default("bootstrap.namespace")),
             image_prepull_timeout=b.get("imagePrepullTimeout") or default_prepull_timeout(r.get("deadline", defaults.DEADLINE)),
         ),
         aws=_aws(s.get("aws", {}), s),
-        injection=Injection(mode=s.get("injection", {}).get("mode", "inject"),
-                            on_live=s.get("injection", {}).get("onLive", "refuse")),
+        injection=Injection(mode=s.get("injection", {}).get("mode", default("injection.mode")),
+                            on_live=s.get("injection", {}).get("onLive", default("injection.onLive"))),
         raw=doc,
     )
 

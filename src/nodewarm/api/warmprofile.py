@@ -1,8 +1,9 @@
 """The WarmProfile, typed: the user's one document as every part reads it.
 
-profile.py builds these from the document (schema defaults applied, then checked); the renderer, the node agent, the
-controller and the demo read them. Only what follows from the document alone is here: the names derived from it
-are in generation, the paths on the node and in the pod in podlayout, vLLM's settings in servingspec.
+profile.py builds these from the document, with the schema's defaults (api.defaults; no field has a default of its
+own here, so none is spelled twice), and checks them; the renderer, the node agent, the controller and the demo read
+them. Only what follows from the document alone is here: the names derived from it are in generation, the paths on
+the node and in the pod in podlayout, vLLM's settings in servingspec.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass, field, replace
 from .errors import ProfileError
 
 GIB = 2**30
+# spec.bootstrap.imagePrepullTimeout when it is left out and the readiness deadline allows (profile.py
+# default_prepull_timeout: half a shorter deadline); not a schema default, which could not follow the deadline.
+DEFAULT_PREPULL_TIMEOUT_S = 600
 
 
 def parse_duration_s(text: str) -> int:
@@ -46,9 +50,9 @@ class Serving:
     s3_request_timeout_ms: int
     s3_low_speed_limit: int
     extra_args: tuple[str, ...]
-    allow_eager: bool = False
-    cpu_request: str | None = None      # None: sized from the GPUs (nodeclasses/vllm.py)
-    memory_request: str | None = None
+    allow_eager: bool
+    cpu_request: str | None             # None: sized from the GPUs (nodeclasses/vllm.py)
+    memory_request: str | None
 
     @property
     def chunk_bytes(self) -> int:
@@ -74,8 +78,8 @@ class DriftPace:
     """How fast drift (an AMI release, a changed alias or template) may replace warm nodes: NodePool budgets with
     reasons [Drifted] (nodeclasses/nodepool.py renders them)."""
 
-    nodes: str = "1"
-    window: DriftWindow | None = None
+    nodes: str
+    window: DriftWindow | None
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class Disruption:
     consolidation_policy: str      # WhenEmpty | WhenEmptyOrUnderutilized
     consolidate_after: str         # Karpenter duration or Never
     budgets: tuple[dict, ...]      # as Karpenter spells them; empty: nodewarm's default
-    drift: DriftPace | None = None
+    drift: DriftPace | None
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,10 @@ class Nodes:
     user_data: str | None
     ephemeral_storage_size: str | None
     region: str | None
-    capacity_types: tuple[str, ...] = ()
-    capacity_reservation_ids: tuple[str, ...] = ()
-    limits: NodeLimits = NodeLimits(None, None, None)
-    disruption: Disruption = Disruption("WhenEmpty", "10m", ())
+    capacity_types: tuple[str, ...]
+    capacity_reservation_ids: tuple[str, ...]
+    limits: NodeLimits
+    disruption: Disruption
 
     @property
     def cache_mount(self) -> str:
@@ -158,8 +162,8 @@ class Bootstrap:
     artifact_uri: str | None
     artifact_sha256: str | None
     allow_non_nvme: bool
-    namespace: str = "nodewarm-system"
-    image_prepull_timeout: str = "10m"
+    namespace: str
+    image_prepull_timeout: str
 
     @property
     def image_prepull_timeout_s(self) -> int:
@@ -175,8 +179,8 @@ class WarmProfile:
     compile_cache: CompileCache
     readiness: Readiness
     bootstrap: Bootstrap
-    injection: Injection = Injection("inject", "refuse")
-    aws: Aws = Aws("node", None, None, None, None)
+    injection: Injection
+    aws: Aws
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodewarm import logs
+from nodewarm.api.defaults import default
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
@@ -33,6 +34,7 @@ from nodewarm.api.names import (
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, cache_dirs, model_path
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
+from nodewarm.api.warmprofile import DEFAULT_PREPULL_TIMEOUT_S
 
 from . import launchrecord
 from .compilecache import bundle, cachekey
@@ -141,8 +143,8 @@ class AgentConfig:
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
     node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
     serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)
-    prepull_namespace: str = "nodewarm-system"      # where the image pre-pull pod runs (spec.bootstrap.namespace)
-    prepull_deadline_s: float = 600.0               # spec.bootstrap.imagePrepullTimeout
+    prepull_namespace: str = default("bootstrap.namespace")     # where the image pre-pull pod runs
+    prepull_deadline_s: float = float(DEFAULT_PREPULL_TIMEOUT_S)  # spec.bootstrap.imagePrepullTimeout
     gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
     progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from nodewarm.api.defaults import default
+
 from .errors import UserDataInvalid
 from .launch import BootstrapLaunch
 
@@ -88,7 +90,7 @@ def manifests(
     nodepool: str,
     image: str,
     readiness_taint_key: str,
-    namespace: str = "nodewarm-system",
+    namespace: str = default("bootstrap.namespace"),
     gpu_taint_keys: Sequence[str] = GPU_TAINT_KEYS,
     service_account_annotations: Mapping[str, str] | None = None,
     with_admission_policy: bool = True,
