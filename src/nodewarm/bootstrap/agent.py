@@ -20,7 +20,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +33,7 @@ from nodewarm.api.names import (
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, cache_dirs, model_path
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
+from nodewarm.api.timeutil import fmt_time
 from nodewarm.api.warmprofile import DEFAULT_PREPULL_TIMEOUT_S
 
 from . import launchrecord
@@ -208,8 +208,8 @@ class AgentResult:
 
 
 def _stamp(at: float | None = None) -> str:
-    when = datetime.fromtimestamp(at, timezone.utc) if at is not None else datetime.now(timezone.utc)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``at`` (default: now) as the timeline writes it (RFC 3339, milliseconds, as the controller reads it back)."""
+    return fmt_time(time.time() if at is None else at)
 
 
 def _launch_started() -> str | None:

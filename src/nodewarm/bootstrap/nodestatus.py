@@ -17,11 +17,12 @@ and the controller sets the label in the same write that lifts the taint: one ev
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+import time
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import WARM_CONDITION
+from nodewarm.api.timeutil import fmt_time_s
 
 STRATEGIC = "application/strategic-merge-patch+json"
 # The kubelet and controllers write Nodes too; a conflicting write is re-read and sent again.
@@ -31,7 +32,7 @@ log = logs.get("bootstrap.nodestatus")
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return fmt_time_s(time.time())
 
 
 def _call(api_client, method: str, path: str, body=None, content_type: str | None = None) -> dict:

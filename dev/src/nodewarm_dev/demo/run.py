@@ -43,6 +43,7 @@ from nodewarm.api import prepullpod
 from nodewarm.api.podlayout import cache_dirs, model_dir, model_path
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
+from nodewarm.api.timeutil import parse_time
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
@@ -414,12 +415,6 @@ def bootstrap_node(srv: servers.Servers, p: WarmProfile, node: str, mount: Path,
     return json.loads(stdout)
 
 
-def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def node_storage(work: Path, need_bytes: int) -> Path:
     """Where the nodes' "NVMe" folders and the baseline pods' downloads go: tmpfs when it has room."""
     shm = Path("/dev/shm")
@@ -753,7 +748,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                           Timeline.COMPILE_CACHE_STARTED, Timeline.COMPILE_CACHE_RESTORED,
                           Timeline.IMAGE_PREPULL_STARTED, Timeline.IMAGE_PREPULL_DONE, Timeline.WARM_REPORTED):
                 if phase in r:
-                    tl.mark(phase, _epoch(r[phase]))
+                    tl.mark(phase, parse_time(r[phase]))
             w = reports[n]["weights"]
             tl.facts.update(bytes=w["bytes"], downloaded_bytes=w["downloaded_bytes"],
                             throughput_mb_s=w["throughput_mb_s"], instance_store=w["storage"].get("instance_store"),
