@@ -5,6 +5,9 @@ Validation happens in two layers, both reporting ``field: bad value: fix``:
 2. semantic checks the schema cannot express (TP against the GPUs of every allowed instance type,
    model size against their NVMe and their GPU memory, capacity reservations, the image pre-pull timeout
    against the readiness deadline, mode-specific required fields).
+
+(Over 300 lines: the checks are most of it, each a few lines naming its field and its fix; they read the document
+and the typed profile together and share the schema's field paths, so they stay with the loader.)
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ GPUS_ANNOTATION = "nodewarm.io/gpus"
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
 
 # Written by the controller on a Node: its record of the node's lifecycle (views.WarmState), and the label
-# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/generation.py).
+# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, api/generation.py).
 STATE_ANNOTATION = "nodewarm.io/state"
 GENERATION_LABEL = "nodewarm.io/generation"
 CACHE_LABEL = "nodewarm.io/compile-cache"
