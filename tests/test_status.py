@@ -339,13 +339,13 @@ def test_names_match_their_owners_and_the_module_stays_light():
 
     from nodewarm.api import views
     from nodewarm.api.names import GENERATION_LABEL
-    from nodewarm.controller import plan
+    from nodewarm.controller.nodeclaim import plan, untaint
     from nodewarm.status import rows as status_rows
 
     # One name each, from nodewarm.api.names, for the controller that writes it and the status that reads it (the
     # record through the views both read it with).
     assert views.STATE_ANNOTATION is plan.STATE_ANNOTATION and status_rows.GENERATION_LABEL is GENERATION_LABEL
-    assert status_rows.CACHE_LABEL is plan.CACHE_LABEL
+    assert status_rows.CACHE_LABEL is untaint.CACHE_LABEL
     assert status_rows.PROGRESS_ANNOTATION == labels.PROGRESS_ANNOTATION  # one name: the agent writes it from there
     # `nodewarm --help` imports every command's module: this one must not pull in boto3 or the controller.
     heavy = ("boto", "nodewarm.controller", "nodewarm.profile")

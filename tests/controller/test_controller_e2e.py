@@ -281,7 +281,7 @@ def test_the_server_enforces_the_preconditions_deadline_writes_carry(admin, k):
 
 def test_events_are_rate_limited_and_the_excess_dropped_on_stop(k):
     from nodewarm.controller.events import EventRecorder
-    from nodewarm.controller.plan import EventSpec
+    from nodewarm.controller.events import EventSpec
 
     name = f"ratelimited-{os.getpid()}"
     rec = EventRecorder(k, qps=0.001, burst=3)        # three at once, the next one in ~17 minutes

@@ -10,7 +10,8 @@ from functools import partial
 import pytest
 
 from nodewarm import profile
-from nodewarm.controller import plan as planner
+from nodewarm.controller.nodeclaim import budget, deadline, untaint
+from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm.api.timeutil import fmt_time, parse_time
 from nodewarm.api.views import ClaimView, NodeView, WarmState
@@ -198,9 +199,9 @@ def test_state_roundtrip_and_garbage():
 
 
 def test_label_values_are_valid():
-    assert planner.label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
-    assert len(planner.label_value("x" * 100)) == 63
-    assert planner.model_label(prof(spec__model__revision="r1")) == "qwen3-35b-r1"
+    assert untaint.label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
+    assert len(untaint.label_value("x" * 100)) == 63
+    assert untaint.model_label(prof(spec__model__revision="r1")) == "qwen3-35b-r1"
 
 
 def test_workqueue_dedupes_and_never_hands_one_key_to_two_workers():
@@ -273,7 +274,7 @@ def test_keep_does_not_end_handling_a_late_warm_still_lifts_the_taint():
     assert plan(after, p=keep, now=T0 + 600).action == planner.NONE     # and that is the end of it
 
 
-@pytest.mark.parametrize("reason", sorted(planner.UNFIXABLE_REASONS))
+@pytest.mark.parametrize("reason", sorted(deadline.UNFIXABLE_REASONS))
 def test_replace_is_not_tried_for_failures_a_new_node_would_repeat(reason):
     node = node_obj(warm="False")
     node["status"]["conditions"][-1]["reason"] = reason
@@ -292,20 +293,20 @@ def test_replace_for_a_failure_a_new_node_may_not_repeat():
 
 
 def test_replace_budget_backs_off_exponentially_and_opens_when_spent():
-    pol = planner.ReplacePolicy(budget=3, window_s=3600, backoff_base_s=60, backoff_max_s=1800)
-    g = planner.replace_gate("pool", (), T0, pol)
+    pol = budget.ReplacePolicy(budget=3, window_s=3600, backoff_base_s=60, backoff_max_s=1800)
+    g = budget.replace_gate("pool", (), T0, pol)
     assert g.allowed and g.condition.status == "False"
-    g = planner.replace_gate("pool", (T0,), T0 + 30, pol)                 # 1 used: wait 60 s after it
+    g = budget.replace_gate("pool", (T0,), T0 + 30, pol)                 # 1 used: wait 60 s after it
     assert not g.allowed and g.until == T0 + 60 and g.condition.status == "False"
-    assert planner.replace_gate("pool", (T0,), T0 + 61, pol).allowed
-    g = planner.replace_gate("pool", (T0, T0 + 61), T0 + 100, pol)        # 2 used: wait 120 s
+    assert budget.replace_gate("pool", (T0,), T0 + 61, pol).allowed
+    g = budget.replace_gate("pool", (T0, T0 + 61), T0 + 100, pol)        # 2 used: wait 120 s
     assert not g.allowed and g.until == T0 + 61 + 120
-    g = planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 400, pol)    # 3 used in the last hour: open
+    g = budget.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 400, pol)    # 3 used in the last hour: open
     assert not g.allowed and g.until == T0 + 3600
     assert (g.condition.type, g.condition.status, g.condition.reason) == ("ReplacementsPaused", "True", "BudgetExhausted")
     assert "pool" in g.condition.message
-    assert planner.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
-    off = planner.replace_gate("pool", (), T0, planner.ReplacePolicy(budget=0))   # --replace-budget 0: never
+    assert budget.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
+    off = budget.replace_gate("pool", (), T0, budget.ReplacePolicy(budget=0))   # --replace-budget 0: never
     assert not off.allowed and off.condition.status == "True"
 
 
@@ -404,7 +405,7 @@ def test_a_deadline_replace_never_deletes_a_nodeclaim_karpenter_is_already_repla
         node["spec"]["taints"].append({"key": "karpenter.sh/disrupted", "effect": "NoSchedule"})
     replace_ = prof(spec__readiness__onDeadline="replace", spec__readiness__deadline="5m")
     pl = plan(node, claim=claim, p=replace_, now=T0 + 301)
-    assert pl.action == planner.NONE and not pl.events and pl.requeue_after == planner.KARPENTER_RECHECK_S
+    assert pl.action == planner.NONE and not pl.events and pl.requeue_after == deadline.KARPENTER_RECHECK_S
     held = pl.conditions[-1]
     assert (held.type, held.reason) == ("Replacement", "KarpenterReplacing")
     # Karpenter gives up (its mark goes): the deadline acts again, once.

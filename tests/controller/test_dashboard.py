@@ -24,8 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodewarm import profile
-from nodewarm.api.names import WARM_CONDITION
-from nodewarm.controller import plan as planner
+from nodewarm.api.names import CACHE_ANNOTATION, WARM_CONDITION
+from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.controller.manager import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
 from nodewarm.api.views import ClaimView, NodeView
@@ -60,7 +60,7 @@ def exercised_metrics() -> Metrics:
     where that code is pure (the planner's counters and durations, the served compile-cache count)."""
     m = Metrics()
     claim = _claim(POOL)
-    plans = [planner.plan_claim(claim, _node(POOL, "True", {planner.CACHE_ANNOTATION: "cold"}),
+    plans = [planner.plan_claim(claim, _node(POOL, "True", {CACHE_ANNOTATION: "cold"}),
                                 profile.from_dict(v(metadata__name="p1")), T0 + 31)]
     for action, warm in (("replace", None), ("untaint", None), ("keep", None), ("replace", "False")):
         p = profile.from_dict(v(metadata__name="p1", spec__readiness__onDeadline=action, spec__readiness__deadline="5m"))
@@ -73,8 +73,8 @@ def exercised_metrics() -> Metrics:
     leader.set()
     fake = SimpleNamespace(metrics=m, is_leader=leader, log=SimpleNamespace(info=lambda *a, **kw: None))
     for result in ("hit", "miss"):
-        Controller._count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {planner.CACHE_ANNOTATION: "restored"}),
-                                               _node(POOL, "True", {planner.CACHE_ANNOTATION: result}))
+        Controller._count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {CACHE_ANNOTATION: "restored"}),
+                                               _node(POOL, "True", {CACHE_ANNOTATION: result}))
     # The rest as controller.py labels them.
     for kind, result in (("EC2NodeClass", "applied"), ("NodePool", "uptodate"), ("NodePool", "audit"),
                          ("WarmProfile", "Differs")):
@@ -606,7 +606,7 @@ def test_a_running_controllers_metrics_endpoint_matches_the_exercised_registry(k
     with installed(k, inject_ready=True) as inst, running(admin, metrics_port=0, bind_address="127.0.0.1") as c:
         n = sim.scale_up(inst.pool, node_name="node-6")
         report_warm(kube.api_client(kube.node_token("node-6")), "node-6", True, "WeightsVerified", "verified",
-                    {planner.CACHE_ANNOTATION: "cold", "nodewarm.io/compile-cache-reason": "NoBundle"})
+                    {CACHE_ANNOTATION: "cold", "nodewarm.io/compile-cache-reason": "NoBundle"})
         wait_for(lambda: TAINT_KEY not in taint_keys(k, n.node), what="readiness taint removed")
         wait_for(lambda: c.decisions, what="decision recorded")
         with urllib.request.urlopen(f"http://127.0.0.1:{c.metrics_port}/metrics", timeout=10) as r:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from support.controller_fixtures import TAINT, installed, running, taint_keys, wait_for
-from nodewarm.controller import plan as planner
+from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.controller.kube import NODECLAIMS, NODES
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 

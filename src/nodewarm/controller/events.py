@@ -15,16 +15,26 @@ import queue
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 from nodewarm import logs
 from nodewarm.api.timeutil import fmt_time_s
 
 from .kube import EVENTS, Kube
-from .plan import EventSpec
 
 API_VERSIONS = {"Node": "v1", "NodeClaim": "karpenter.sh/v1", "WarmProfile": "nodewarm.io/v1alpha1",
                 "EC2NodeClass": "karpenter.k8s.aws/v1", "NodeClass": "eks.amazonaws.com/v1", "NodePool": "karpenter.sh/v1"}
 COMPONENT = "nodewarm-controller"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    kind: str                       # Node | NodeClaim | WarmProfile | NodePool | a NodeClass (API_VERSIONS)
+    name: str
+    uid: str
+    reason: str
+    message: str
+    type: str = "Normal"
 
 
 class EventRecorder:

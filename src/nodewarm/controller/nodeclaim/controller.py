@@ -1,14 +1,14 @@
-"""The NodeClaim reconciler: plan on the cached NodeClaim and its Node, then carry the plan out in one guarded write.
+"""The NodeClaim reconciler: plan on the cached NodeClaim and its Node (plan.py runs the phases), then carry the
+plan out in one guarded write, with its events and metrics.
 
-The plan is pure (plan.py); this shell adds what needs the API server or this term's memory: a deadline plan is
-made again on a live read before it acts (the cache may be a moment behind a node that has just turned Warm), a
-replace waits for the per-NodePool budget, and a write that meets a changed object (409/422: the taint list moved,
-a newer resourceVersion) re-reads and re-plans, at most MAX_CONFLICT_RETRIES times.
+The plan is pure; this shell adds what needs the API server or this term's memory: a deadline plan is made again
+on a live read before it acts (the cache may be a moment behind a node that has just turned Warm), a replace waits
+for the per-NodePool budget (budget.py), and a write that meets a changed object (409/422: the taint list moved, a
+newer resourceVersion) re-reads and re-plans, at most MAX_CONFLICT_RETRIES times.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -19,9 +19,10 @@ from nodewarm.api import lifecycle
 from nodewarm.api.views import ClaimView, NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
-from .. import plan as planner
 from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
 from ..leader import NotLeading
+from . import budget
+from .plan import DELETE_CLAIM, NONE, Plan, plan_claim
 
 if TYPE_CHECKING:
     from ..manager import Controller
@@ -31,10 +32,8 @@ class NodeClaimController:
     def __init__(self, mgr: "Controller"):
         self.mgr = mgr
         opt = mgr.opt
-        self.replace_policy = planner.ReplacePolicy(opt.replace_budget, opt.replace_window_s, opt.replace_backoff_s,
-                                                    opt.replace_backoff_max_s)
-        self._lock = threading.Lock()
-        self._replaced: dict[str, list[float]] = {}     # NodePool -> when we replaced its nodes (this term)
+        self.budget = budget.ReplaceBudget(budget.ReplacePolicy(opt.replace_budget, opt.replace_window_s,
+                                                                opt.replace_backoff_s, opt.replace_backoff_max_s))
 
     def _read_live(self, claim: ClaimView, node: NodeView | None) -> tuple[ClaimView | None, NodeView | None]:
         """GET the NodeClaim and its Node from the API server (not the cache): deadline actions and
@@ -61,7 +60,7 @@ class NodeClaimController:
             live_node = None      # a namesake Node of another instance is not this claim's node
         return live_claim, live_node
 
-    def reconcile(self, name: str) -> planner.Plan | None:
+    def reconcile(self, name: str) -> Plan | None:
         mgr = self.mgr
         claim = mgr.claims.store.get(name)
         if claim is None:
@@ -72,7 +71,7 @@ class NodeClaimController:
             p = self._gated_by_retired_key(p, node)
         live = False
         for _ in range(MAX_CONFLICT_RETRIES):
-            plan = planner.plan_claim(claim, node, p, time.time())
+            plan = plan_claim(claim, node, p, time.time())
             if plan.deadline and not live:
                 # The cache can be a moment behind (a node that has just turned Warm): re-read, re-plan.
                 claim, node = self._read_live(claim, node)
@@ -80,17 +79,17 @@ class NodeClaimController:
                 if claim is None:
                     return None
                 continue
-            if plan.action == planner.NONE:
+            if plan.action == NONE:
                 if plan.requeue_after is not None:
                     mgr.queue.add_after(f"claim/{name}", plan.requeue_after + 0.05)
                 return plan
-            if plan.action == planner.DELETE_CLAIM:
+            if plan.action == DELETE_CLAIM:
                 gate = self._replace_gate(claim.nodepool, p, reserve=not mgr.opt.dry_run)
                 if not gate.allowed:
                     mgr.log.info("decision.replace_paused", nodeclaim=name, nodepool=claim.nodepool,
                                  until=gate.until, reason=gate.condition.reason)
                     mgr.queue.add_after(f"claim/{name}", gate.until - time.time() + 0.05)
-                    return planner.Plan(name, conditions=plan.conditions, requeue_after=gate.until - time.time())
+                    return budget.held_back(plan, gate, time.time())
             if mgr.opt.dry_run:
                 mgr.log.info("decision.would", nodeclaim=name, node=node.name if node else None, action=plan.action,
                              reasons=[c.reason for c in plan.conditions])
@@ -99,19 +98,19 @@ class NodeClaimController:
                 self._execute(plan, claim, node)
                 return plan
             except NotLeading:
-                if plan.action == planner.DELETE_CLAIM:
-                    self._unreserve(claim.nodepool)     # raised before anything was sent
+                if plan.action == DELETE_CLAIM:
+                    self.budget.unreserve(claim.nodepool)     # raised before anything was sent
                 raise
             except ApiException as e:
-                if plan.action == planner.DELETE_CLAIM:
-                    self._unreserve(claim.nodepool)
+                if plan.action == DELETE_CLAIM:
+                    self.budget.unreserve(claim.nodepool)
                 if e.status == 404:
                     mgr.log.info("decision.target_gone", nodeclaim=name, action=plan.action)
                     return None
                 if e.status not in (409, 422):
                     raise
                 # The object changed under us (taint list moved, a newer resourceVersion): re-read, re-plan.
-                mgr.metrics.conflicts.labels("nodeclaims" if plan.action == planner.DELETE_CLAIM else "nodes").inc()
+                mgr.metrics.conflicts.labels("nodeclaims" if plan.action == DELETE_CLAIM else "nodes").inc()
                 mgr.log.info("decision.conflict", nodeclaim=name, node=node.name if node else None, status=e.status)
                 claim, node = self._read_live(claim, node)
                 live = True
@@ -120,32 +119,19 @@ class NodeClaimController:
         raise RuntimeError(f"NodeClaim {name} or its node kept changing; giving up after {MAX_CONFLICT_RETRIES} tries")
 
     # -- replace budget ------------------------------------------------------------------------------
-    def _replace_gate(self, pool: str, p, reserve: bool) -> planner.ReplaceGate:
-        with self._lock:
-            now = time.time()
-            history = self._replaced.setdefault(pool, [])
-            history[:] = [t for t in history if now - t < self.replace_policy.window_s]
-            gate = planner.replace_gate(pool, tuple(history), now, self.replace_policy)
-            if gate.allowed and reserve:
-                history.append(now)
-        self._budget_condition(p, gate)
+    def _replace_gate(self, pool: str, p: WarmProfile | None, reserve: bool) -> budget.ReplaceGate:
+        """The budget's gate for ``pool``; its ReplacementsPaused condition goes on the profile's status, and a
+        paused budget is looked at again when it reopens (key ``budget/<pool>``)."""
+        gate = self.budget.gate(pool, time.time(), reserve)
+        view = self.mgr.profile_index.view(p.name) if p is not None else None
+        cond = budget.profile_condition(gate, view.conditions) if view is not None else None
+        if cond is not None:
+            self.mgr.warmprofile.write_condition(view, cond)
         if gate.condition.status == "True":
             self.mgr.queue.add_after(f"budget/{pool}", gate.until - time.time() + 0.05)
         return gate
 
-    def _unreserve(self, pool: str) -> None:
-        with self._lock:
-            if self._replaced.get(pool):
-                self._replaced[pool].pop()
-
-    def _budget_condition(self, p, gate: planner.ReplaceGate) -> None:
-        view = self.mgr.profile_index.view(p.name) if p is not None else None
-        old = next((c for c in view.conditions if c.get("type") == gate.condition.type), None) if view else None
-        if old is None and gate.condition.status == "False":
-            return     # never paused: no condition to clear
-        self.mgr.warmprofile.write_condition(view, gate.condition)
-
-    def reconcile_budget(self, pool: str) -> planner.ReplaceGate:
+    def reconcile_budget(self, pool: str) -> budget.ReplaceGate:
         """A paused budget reopened (or is still paused): keep the WarmProfile's condition true to it."""
         gate = self._replace_gate(pool, self.mgr.profile_index.for_pool(pool), reserve=False)
         if gate.condition.status == "False":
@@ -160,10 +146,10 @@ class NodeClaimController:
         key = lifecycle.gating_taint(p.readiness.taint_key, retired, node)
         return p if key == p.readiness.taint_key else replace(p, readiness=replace(p.readiness, taint_key=key))
 
-    def _execute(self, plan: planner.Plan, claim: ClaimView, node: NodeView | None) -> None:
+    def _execute(self, plan: Plan, claim: ClaimView, node: NodeView | None) -> None:
         mgr = self.mgr
         timeout = mgr.write_timeout()
-        if plan.action == planner.DELETE_CLAIM:
+        if plan.action == DELETE_CLAIM:
             # Exactly the NodeClaim we planned on: another uid or a newer resourceVersion gets 409 and a re-plan.
             mgr.kube.delete(NODECLAIMS, claim.name, uid=claim.uid, resource_version=claim.resource_version or None,
                             timeout=timeout)

@@ -20,9 +20,11 @@ from nodewarm.api.views import Condition, NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
 from .. import deviceplugins
-from .. import plan as planner
+from ..events import EventSpec
 from ..inject import Injector, conflict_managers
 from ..kube import MAX_CONFLICT_RETRIES, NODES, WARMPROFILES
+from ..nodepatch import guarded_taint_removal
+from .cleanup import cleanup_held
 from .view import ProfileView
 
 if TYPE_CHECKING:
@@ -74,8 +76,8 @@ class WarmProfileController:
         for t in result.targets:
             if t.applied:
                 mgr.metrics.injections.labels(t.kind, "applied").inc()
-                mgr.events.emit(planner.EventSpec(t.kind, t.name, "", "NodewarmInjected",
-                                                  f"WarmProfile {p.name} applied {', '.join(t.changed_fields)}"))
+                mgr.events.emit(EventSpec(t.kind, t.name, "", "NodewarmInjected",
+                                          f"WarmProfile {p.name} applied {', '.join(t.changed_fields)}"))
             elif t.changed_fields:
                 mgr.metrics.injections.labels(t.kind, "audit").inc()
             else:
@@ -119,8 +121,7 @@ class WarmProfileController:
         old = next((c for c in view.conditions if c.get("type") == cond.type), None)
         if old and (old.get("reason"), old.get("message")) == (cond.reason, cond.message):
             return
-        self.mgr.events.emit(planner.EventSpec("WarmProfile", view.name, view.uid, cond.reason, cond.message,
-                                               "Warning"))
+        self.mgr.events.emit(EventSpec("WarmProfile", view.name, view.uid, cond.reason, cond.message, "Warning"))
 
     def _clean_up(self, view: ProfileView):
         """A deleted WarmProfile: its startup taint leaves the NodePool and the nodes still carrying it; then the
@@ -149,7 +150,7 @@ class WarmProfileController:
                     done = None
                 elif e.status == 409:
                     managers, _ = conflict_managers(e)
-                    mgr.events.emit(planner.EventSpec(
+                    mgr.events.emit(EventSpec(
                         "WarmProfile", view.name, view.uid, "CleanupConflict",
                         f"startupTaint {key} in NodePool {pool} is owned by field manager {', '.join(managers)}; "
                         "remove it from that manager's copy", "Warning"))
@@ -161,12 +162,12 @@ class WarmProfileController:
                 continue
             if done is not None and done.applied:
                 cost = f"; {done.drifting} node(s) replaced (spec.injection.onLive: drift)" if done.drifting else ""
-                mgr.events.emit(planner.EventSpec("NodePool", pool, "", "NodewarmReleased",
-                                                  f"WarmProfile {view.name} deleted: removed startupTaint {key}{cost}"))
+                mgr.events.emit(EventSpec("NodePool", pool, "", "NodewarmReleased",
+                                          f"WarmProfile {view.name} deleted: removed startupTaint {key}{cost}"))
             lifted = self._lift_taint(pool, key)
             mgr.log.info("profile.cleaned", profile=view.name, nodepool=pool, taint=key, nodes_untainted=lifted)
         if held:
-            cond = planner.cleanup_held(view.name, pool, [r.taint_key for r in held], max(r.drifting for r in held),
+            cond = cleanup_held(view.name, pool, [r.taint_key for r in held], max(r.drifting for r in held),
                                         view.profile)
             mgr.log.info("profile.cleanup_held", profile=view.name, nodepool=pool, nodeclaims=held[0].drifting)
             self._profile_event(view, cond)
@@ -191,7 +192,7 @@ class WarmProfileController:
                 continue
             for _ in range(MAX_CONFLICT_RETRIES):
                 try:
-                    kube.json_patch(NODES, node.name, planner.guarded_taint_removal(node, key))
+                    kube.json_patch(NODES, node.name, guarded_taint_removal(node, key))
                     lifted += 1
                     break
                 except ApiException as e:
