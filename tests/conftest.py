@@ -1,11 +1,14 @@
-"""Session-wide real servers: one local S3 server per engine, one local kube-apiserver.
-
-Each starts once per test session on free loopback ports and is stopped at the end. Nothing here is
-mocked: tests talk to real processes over HTTP.
+"""What the test folders share. Session-wide real servers: one local S3 server per engine, one local
+kube-apiserver, each started once per test session on free loopback ports and stopped at the end; nothing here
+is mocked: tests talk to real processes over HTTP. Beside them, the fixtures more than one folder uses; a folder's
+own are in its conftest.py.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 
 import pytest
 
@@ -34,6 +37,38 @@ def aws_env(s3, monkeypatch):
     for k, v in s3.env().items():
         monkeypatch.setenv(k, v)
     return s3
+
+
+@pytest.fixture
+def aws_path(tmp_path) -> str:
+    """PATH with an `aws` command: the real AWS CLI where installed, else a boto3 stand-in for `s3 cp`
+    (the download still goes to the real local S3 server)."""
+    path = os.environ["PATH"]
+    if shutil.which("aws"):
+        return path
+    stand_in = tmp_path / "aws-bin" / "aws"
+    stand_in.parent.mkdir()
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, boto3\n"
+        "args = [a for a in sys.argv[1:] if a != '--only-show-errors']\n"
+        "assert args[:2] == ['s3', 'cp'], args\n"
+        "bucket, key = args[2].removeprefix('s3://').split('/', 1)\n"
+        "boto3.client('s3').download_file(bucket, key, args[3])\n"
+    )
+    stand_in.chmod(0o755)
+    return f"{stand_in.parent}:{path}"
+
+
+@pytest.fixture
+def bucket(s3):
+    """The launch tests' bucket (support.launch.BUCKET) on the rclone server; the S3 client to it."""
+    from support.launch import BUCKET
+
+    client = s3.client()
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        s3.create_bucket(BUCKET)
+    return client
 
 
 # Simulated kubelet identities in tokens.csv (tokens.csv is read once at server start).

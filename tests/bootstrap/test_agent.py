@@ -8,13 +8,12 @@ import json
 
 import pytest
 
-from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, warmprofile  # noqa: F401
 from support.builders import NO_CACHE, v
-from support.bootstrap_fixtures import model_files, proxy, put_model  # noqa: F401
+from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
 from nodewarm import profile
 from nodewarm.api import generation
 from nodewarm.api.names import GENERATION_LABEL
-from support.launch import BUCKET, aws_path, bucket, run_launch  # noqa: F401  (fixtures)
+from support.launch import BUCKET, run_launch
 from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.controller.kube import NODES

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.bootstrap_fixtures import KiB, loop_volume, model_files, proxy, put_model, visible_files, warm  # noqa: F401
+from support.bootstrap_fixtures import KiB, loop_volume, model_files, put_model, visible_files, warm
 from support.s3faults import Reply
 from nodewarm.bootstrap.agent import AgentConfig
 from nodewarm.bootstrap.compilecache import cachekey, hardware, publish, restore, signing

@@ -11,9 +11,8 @@ import threading
 import pytest
 from kubernetes import config
 
-from support.agent_fixtures import agent_rbac, kubelet_pulls, node_kubeconfig, warmprofile  # noqa: F401
 from support.builders import NO_CACHE, v
-from support.bootstrap_fixtures import model_files, put_model
+from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
 from support.controller_fixtures import wait_for
 from nodewarm import profile
 from nodewarm.api import generation

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from support.bootstrap_fixtures import loop_volume, model_files, proxy, put_model, safetensors_bytes, visible_files  # noqa: F401
+from support.bootstrap_fixtures import loop_volume, model_files, put_model, safetensors_bytes, visible_files
 
 def nodewarm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nodewarm.cli", *args], capture_output=True, text=True,

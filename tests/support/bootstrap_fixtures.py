@@ -1,4 +1,5 @@
-"""Helpers shared by the bootstrap tests: real safetensors files, models in the local S3 server, loop volumes."""
+"""Helpers shared by the bootstrap tests: real safetensors files, models in the local S3 server, loop volumes, fault
+proxies and compile-cache stores over it, the node's own kubeconfig. Their fixtures are in tests/bootstrap/conftest.py."""
 
 from __future__ import annotations
 
@@ -118,10 +119,9 @@ def proxied(server, monkeypatch):
     p.stop()
 
 
-@pytest.fixture
-def proxy(s3, monkeypatch):
-    """A fault proxy in front of the rclone server, with the AWS environment pointing at it."""
-    yield from proxied(s3, monkeypatch)
+def node_kubeconfig(kube, tmp_path, node: str):
+    """A kubeconfig with ``node``'s kubelet identity: what the agent runs as (never admin)."""
+    return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
 
 
 def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, **pull):

@@ -19,7 +19,7 @@ from nodewarm.bootstrap import launchrecord
 from nodewarm.userdata.al2023 import render_script
 from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm.userdata.package import launcher
-from support.launch import BUCKET, aws_path, bucket, launch_script, run_launch, tiny_artifact  # noqa: F401  (fixtures)
+from support.launch import BUCKET, launch_script, run_launch, tiny_artifact
 
 @pytest.mark.s3
 def test_a_wrong_sha256_is_refused_and_nothing_runs(tmp_path, s3, bucket, aws_path):

@@ -12,12 +12,10 @@ import os
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 
-from support.bootstrap_fixtures import cache_store
 from nodewarm import profile
 from nodewarm.bootstrap import agent
 from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, restore, servedcheck, signing
@@ -56,24 +54,6 @@ def _node(tmp_path: Path, name: str, compiled: bool = True, salt: str = "") -> d
         _write(roots["vllm"], {f"torch_aot_compile/{HASH}/rank_0_0/model": b"aot" + salt.encode()})
         _write(roots["inductor"], {"fxgraph/cd/fcdkey/entry": b"g" + salt.encode()})
     return roots
-
-
-@pytest.fixture(params=["rclone", "seaweedfs"])
-def server(request):
-    return request.getfixturevalue({"rclone": "s3", "seaweedfs": "s3_exact"}[request.param])
-
-
-@pytest.fixture
-def store(server, monkeypatch):
-    bucket = "fr-" + uuid.uuid4().hex[:12]
-    server.create_bucket(bucket)
-    return cache_store(server, monkeypatch, f"s3://{bucket}/cc")
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    pair = signing.generate(tmp_path_factory.mktemp("keys") / "signing.pem")
-    return signing.load_private(pair.private_path), signing.load_public(pair.public)
 
 
 # --- hardware from this node ---------------------------------------------------------------------------------

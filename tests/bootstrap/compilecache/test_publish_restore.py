@@ -70,24 +70,6 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(params=["rclone", "seaweedfs"])
-def server(request):
-    return request.getfixturevalue({"rclone": "s3", "seaweedfs": "s3_exact"}[request.param])
-
-
-@pytest.fixture
-def store(server, monkeypatch):
-    bucket = "cc-" + uuid.uuid4().hex[:12]
-    server.create_bucket(bucket)
-    return cache_store(server, monkeypatch, f"s3://{bucket}/compile-cache")
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    pair = signing.generate(tmp_path_factory.mktemp("keys") / "signing.pem")
-    return signing.load_private(pair.private_path), signing.load_public(pair.public)
-
-
 def _other_store(store: CacheStore) -> CacheStore:
     """A second node's view of the same bucket: its own client, nothing cached."""
     return CacheStore(store.uri)

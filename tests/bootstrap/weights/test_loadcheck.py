@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from support.bootstrap_fixtures import KiB, loop_volume, model_files, proxy, put_model, warm  # noqa: F401
+from support.bootstrap_fixtures import KiB, loop_volume, model_files, put_model, warm
 from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from support.bootstrap_fixtures import (  # noqa: F401
-    KiB, loop_volume, model_files, new_bucket, proxied, proxy, put_model, visible_files, warm,
+from support.bootstrap_fixtures import (
+    KiB, loop_volume, model_files, new_bucket, proxied, put_model, visible_files, warm,
 )
 from support.s3faults import Reply
 from nodewarm.bootstrap import s3client

@@ -1,5 +1,5 @@
-"""The node agent's world in tests: its RBAC as rendered, its WarmProfile as an object in the real API
-server, and the agent run with a node's own kubelet identity (never admin)."""
+"""Fixtures of the node agent's tests: a fault proxy in front of the local S3 server, the agent's RBAC as rendered,
+its WarmProfile as an object in the real API server, and the kubelet's part of the image pre-pull."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from nodewarm import profile
 from nodewarm.api import prepullpod
 from nodewarm.nodeclasses import agentaccess, prepull
 from nodewarm_dev.testenv.karpenter import KarpenterSim
+from support.bootstrap_fixtures import proxied
 
+
+@pytest.fixture
+def proxy(s3, monkeypatch):
+    """A fault proxy in front of the rclone server, with the AWS environment pointing at it."""
+    yield from proxied(s3, monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -45,10 +51,6 @@ def warmprofile(k, agent_rbac):
             k.delete(WARMPROFILES, name)
         except ApiException:
             pass
-
-
-def node_kubeconfig(kube, tmp_path, node: str):
-    return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
 
 
 @pytest.fixture
