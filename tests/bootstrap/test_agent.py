@@ -30,6 +30,12 @@ def node(k, fresh_node):
     return k
 
 
+@pytest.fixture(scope="module")
+def small_model(s3) -> str:
+    """A one-shard model, uploaded once for the tests that only read it."""
+    return put_model(s3, model_files(shards=1, mib_per_shard=1))
+
+
 def run_agent(kube, tmp_path, name, *extra):
     mount = tmp_path / "nvme"
     mount.mkdir(exist_ok=True)
@@ -86,7 +92,7 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
 
 @pytest.mark.parametrize("advertised", [False, True])
 def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
-        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path, capsys, advertised):
+        kube, k, aws_env, small_model, fresh_node, warmprofile, kubelet_pulls, tmp_path, capsys, advertised):
     """A p5 node (8 GPUs by its instance type), tensorParallelSize 2: Warm says whether the Node advertised the 2
     GPUs the vLLM pod requests. When its device plugin never registers (it does not tolerate the startup taint)
     the node is Warm all the same, with the warning: Warm=False would wait for a lift the plugin waits for."""
@@ -95,8 +101,7 @@ def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
         k.request("PATCH", NODES.path(NODE, sub="status"),
                   body={"status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}},
                   content_type="application/strategic-merge-patch+json")
-    uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    doc = v(metadata__name="agent-gpu", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+    doc = v(metadata__name="agent-gpu", spec__model={"uri": small_model}, spec__compileCache__uri=NO_CACHE,
             spec__bootstrap__allowNonNvme=True, spec__serving__tensorParallelSize=2)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)
@@ -116,9 +121,9 @@ def test_warm_waits_for_the_gpus_and_says_when_they_never_came(
         assert "gpus_wait_ended" in timeline and "gpus_advertised" not in timeline
 
 
-def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, node, warmprofile, tmp_path, capsys):
-    uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    warmprofile(v(metadata__name="agent-b", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE))
+def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, small_model, node, warmprofile, tmp_path,
+                                                                 capsys):
+    warmprofile(v(metadata__name="agent-b", spec__model={"uri": small_model}, spec__compileCache__uri=NO_CACHE))
     rc = run_agent(kube, tmp_path, "agent-b")
     assert rc == 1
     assert "NotInstanceStore" in capsys.readouterr().err
@@ -168,12 +173,11 @@ def test_an_unreadable_runtime_file_is_reported_not_raised(kube, aws_env, node, 
     assert (cond["status"], cond["reason"]) == ("False", "InvalidArgument") and "--runtime" in cond["message"]
 
 
-def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(kube, s3, proxy, node, warmprofile,
-                                                                              tmp_path, capsys):
+def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(kube, small_model, proxy, node,
+                                                                              warmprofile, tmp_path, capsys):
     from support.faultproxy import Headers
 
-    uri = put_model(s3, model_files(shards=1, mib_per_shard=1))
-    warmprofile(v(metadata__name="agent-ie", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+    warmprofile(v(metadata__name="agent-ie", spec__model={"uri": small_model}, spec__compileCache__uri=NO_CACHE,
                   spec__bootstrap__allowNonNvme=True))
     # A HEAD answer without Content-Length: nothing nodewarm has a reason for (a KeyError deep inside).
     proxy.rule = lambda r: Headers(drop=("content-length",)) if r.method == "HEAD" else None
@@ -187,14 +191,13 @@ def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(k
 
 
 @pytest.mark.s3
-def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env, node, warmprofile, kubelet_pulls,
-                                                                  tmp_path, capsys, bucket, aws_path):
+def test_a_launcher_failure_is_reported_when_the_agent_next_starts(kube, aws_env, small_model, node, warmprofile,
+                                                                  kubelet_pulls, tmp_path, capsys, bucket, aws_path):
     # The real launcher fails to fetch its artifact (the unit will retry) and leaves its record ...
     failed = run_launch(tmp_path, aws_env, aws_path, f"s3://{BUCKET}/absent/artifact.tar.gz", "0" * 64)
     assert failed.returncode == 1 and (tmp_path / "state" / "launch-failure").exists()
     # ... which the agent, started by a later attempt, reports on the node before warming.
-    uri = put_model(aws_env, model_files(shards=1, mib_per_shard=1))
-    doc = v(metadata__name="agent-lf", spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+    doc = v(metadata__name="agent-lf", spec__model={"uri": small_model}, spec__compileCache__uri=NO_CACHE,
             spec__bootstrap__allowNonNvme=True)
     warmprofile(doc)
     kubelet_pulls(doc, NODE)

@@ -41,13 +41,19 @@ def pod_env(container: dict, node_name: str) -> dict[str, str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def model_uri(s3) -> str:
+    """The model both variants warm, uploaded once (they only read it)."""
+    return put_model(s3, model_files(shards=2, mib_per_shard=1, seed=7))
+
+
 @pytest.mark.parametrize("variant", ["automode", "bottlerocket"])
-def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, admin, aws_env, tmp_path, variant):
+def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, admin, aws_env, model_uri, tmp_path,
+                                                                     variant):
     name = uniq(f"ds{variant[:2]}")
-    uri = put_model(aws_env, model_files(shards=2, mib_per_shard=1, seed=7))
     mode = "automode" if variant == "automode" else "karpenter"
     doc = v(mode, metadata__name=name, spec__nodes__nodePool=f"{name}-pool", spec__nodes__nodeClass=f"{name}-class",
-            spec__model__uri=uri, spec__model__sizeGB=0.01, spec__nodes__region=None,
+            spec__model__uri=model_uri, spec__model__sizeGB=0.01, spec__nodes__region=None,
             spec__bootstrap__namespace=f"{name}-system", spec__bootstrap__allowNonNvme=True,
             **({"spec__nodes__amiAlias": "bottlerocket@latest"} if variant == "bottlerocket" else {}))
     p = profile.from_dict(doc)

@@ -20,9 +20,20 @@ from nodewarm.api.errors import NodewarmError
 pytestmark = pytest.mark.s3
 
 
-@pytest.fixture
+MODEL = dict(shards=2, mib_per_shard=1.5, seed=11)
+
+
+@pytest.fixture(scope="module")
 def model(s3):
-    files = model_files(shards=2, mib_per_shard=1.5, seed=11)
+    """The module's model, uploaded once: the tests that use it only read it."""
+    files = model_files(**MODEL)
+    return files, put_model(s3, files)
+
+
+@pytest.fixture
+def own_model(s3):
+    """A test's own copy of the same model, for a test that deletes or replaces one of its objects."""
+    files = model_files(**MODEL)
     return files, put_model(s3, files)
 
 
@@ -137,8 +148,8 @@ def test_wrong_credentials_fail_fast_without_a_retry_storm(model, proxy, tmp_pat
     assert not (tmp_path / "m").exists()
 
 
-def test_object_deleted_mid_run_fails_with_its_name(s3, model, proxy, tmp_path):
-    files, uri = model
+def test_object_deleted_mid_run_fails_with_its_name(s3, own_model, proxy, tmp_path):
+    files, uri = own_model
     u = parse_s3_uri(uri)
     victim = "model-00002-of-00002.safetensors"
     done = threading.Event()
@@ -155,8 +166,8 @@ def test_object_deleted_mid_run_fails_with_its_name(s3, model, proxy, tmp_path):
     assert victim in str(e.value) and not (tmp_path / "m" / victim).exists()
 
 
-def test_object_replaced_mid_run_fails_with_object_changed(s3, model, proxy, tmp_path):
-    files, uri = model
+def test_object_replaced_mid_run_fails_with_object_changed(s3, own_model, proxy, tmp_path):
+    files, uri = own_model
     u = parse_s3_uri(uri)
     victim = "model-00001-of-00002.safetensors"
     done = threading.Event()
