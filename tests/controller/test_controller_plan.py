@@ -18,6 +18,7 @@ from nodewarm.api.views import ClaimView, NodeView, WarmState
 from nodewarm.controller.workqueue import WorkQueue
 from support import builders
 from support.builders import TAINT, v
+from support.jsonpatch import apply_json_patch
 
 T0 = 1_800_000_000.0
 GPU = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
@@ -34,27 +35,6 @@ claim_obj = partial(builders.nodeclaim, "c1", created=T0 - 70, launched=T0 - 60,
                     provider_id="aws:///z/i-1")
 node_obj = partial(builders.node, "n1", uid="u-n1", created=T0, provider_id="aws:///z/i-1", taints=(GPU, TAINT, OTHER),
                    warm="True", warm_at=T0 + 30)
-
-
-def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
-    """Just enough RFC 6902 (test/add/remove) to check what the server would do with our ops."""
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        *parents, leaf = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        target = doc
-        for p in parents:
-            target = target[int(p)] if isinstance(target, list) else target[p]
-        key = int(leaf) if isinstance(target, list) else leaf
-        if op["op"] == "test":
-            assert target[key] == op["value"], f"test failed at {op['path']}"
-        elif op["op"] == "remove":
-            del target[key]
-        elif op["op"] == "add":
-            if isinstance(target, list):
-                target.insert(key, op["value"])
-            else:
-                target[key] = op["value"]
-    return doc
 
 
 def plan(node=None, claim=None, p=None, now=T0 + 31):
