@@ -71,7 +71,7 @@ def test_warm_node_reads_its_profile_reports_weights_a_cold_cache_and_its_genera
     # Still under the startup taint: the generation is recorded, and labelled by the controller as it lifts the
     # taint (a label now would make the scheduler try the vLLM pods against the taint and back off).
     assert got["annotations"]["nodewarm.io/warm-generation"] == generation.generation(p) == out["generation"]
-    assert generation.GENERATION_LABEL not in (got.get("labels") or {})
+    assert GENERATION_LABEL not in (got.get("labels") or {})
     assert got["annotations"]["nodewarm.io/compile-cache"] == "cold"
     # The agent keys with the serving image's software, never its own torch: none published yet -> RuntimeUnknown.
     assert got["annotations"]["nodewarm.io/compile-cache-reason"] == "RuntimeUnknown"
@@ -130,7 +130,7 @@ def test_non_nvme_destination_reports_warm_false_with_the_reason(kube, aws_env, 
     cond = warm_condition(node)
     assert (cond["status"], cond["reason"]) == ("False", "NotInstanceStore")
     assert not list((tmp_path / "nvme").rglob("*.safetensors"))
-    assert generation.GENERATION_LABEL not in (node.get(NODES, NODE)["metadata"].get("labels") or {})
+    assert GENERATION_LABEL not in (node.get(NODES, NODE)["metadata"].get("labels") or {})
 
 
 def test_a_missing_profile_is_reported_on_the_node(kube, aws_env, node, warmprofile, tmp_path, capsys):
