@@ -186,7 +186,8 @@ class WarmProfile:
     @property
     def size_gb(self) -> float:
         if self.model.size_gb is None:
-            raise ProfileError("spec.model.sizeGB", None, "set it, or let `nodewarm render --measure` list the S3 prefix")
+            raise ProfileError("spec.model.sizeGB", None,
+                               "set it, or let `nodewarm render --measure` list the S3 prefix")
         return self.model.size_gb
 
     @property
