@@ -12,9 +12,9 @@ import yaml
 
 from nodewarm import profile
 from nodewarm.cli import main
-from nodewarm.controller import deviceplugins as dp
 from nodewarm.controller import manifests
 from nodewarm.controller.kube import DAEMONSETS, WARMPROFILES, Kube, Resource
+from nodewarm.controller.warmprofile import deviceplugins as dp
 from support.builders import v
 
 TAINT_KEY = "nodewarm.io/warming"

@@ -38,8 +38,8 @@ def test_automode_owns_only_ephemeral_storage_size():
 def test_injection_keeps_user_parts_converges_and_never_forces_a_gitops_field(kube):
     from kubernetes.dynamic import DynamicClient
 
-    from nodewarm.controller.inject import conflict_managers
     from nodewarm.controller.kube import EC2NODECLASSES, Kube
+    from nodewarm.controller.warmprofile.inject import conflict_managers
 
     p, types = prof(spec__nodes__nodeClass="inject-nc", spec__nodes__nodePool="inject-np")
     user_nc = {

@@ -357,7 +357,7 @@ class _FakeKube:
     ({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "30m"}, "UpToDate"),
 ])
 def test_the_injector_warns_about_a_users_consolidation_and_leaves_it_alone(user_disruption, reason):
-    from nodewarm.controller.inject import Injector
+    from nodewarm.controller.warmprofile.inject import Injector
 
     p, _ = checked(v())
     docs = docs_of(v())

@@ -39,7 +39,7 @@ CACHE_OUTCOMES = ("hit", "miss", "cold")
 MODEL_LABEL = "nodewarm.io/model"
 WARM_LABEL = "nodewarm.io/warm"
 # On a WarmProfile, by the controller: the finalizer that holds a deleted profile until its startup taint is out of
-# the NodePool, and the condition that says why that clean-up waits (controller/controller.py ``_clean_up``;
+# the NodePool, and the condition that says why that clean-up waits (controller/warmprofile/cleanup.py;
 # `nodewarm status` shows a held profile's nodes by them).
 CLEANUP_FINALIZER = "nodewarm.io/cleanup"
 CLEANUP_CONDITION = "Cleanup"

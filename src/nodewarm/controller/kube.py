@@ -69,7 +69,7 @@ EC2NODECLASSES = Resource("karpenter.k8s.aws", "v1", "ec2nodeclasses", "EC2NodeC
 AUTOMODE_NODECLASSES = Resource("eks.amazonaws.com", "v1", "nodeclasses", "NodeClass")
 WARMPROFILES = Resource("nodewarm.io", "v1alpha1", "warmprofiles", "WarmProfile")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
-# Listed and watched across all namespaces (/apis/apps/v1/daemonsets): the device plugins (controller/deviceplugins.py).
+# Listed and watched across all namespaces (/apis/apps/v1/daemonsets): the device plugins (warmprofile/deviceplugins.py).
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
 
 # A guarded write (a test op, a resourceVersion) that meets a changed object re-reads it and tries again, this often.

@@ -1,8 +1,8 @@
 """The manager: informers -> work queue -> workers, under leader election, with health and metrics endpoints.
 
-The reconcilers live apart, by resource: nodeclaim/ (lift the taint on Warm, the warm deadline, the replace budget)
-and warmprofile/ (inject, clean up, device plugins, the status conditions). This module only decides when they run
-and what they read.
+The reconcilers live apart, by resource and then by phase, as Karpenter's pkg/controllers/nodeclaim/lifecycle
+does: nodeclaim/ (track, lift the taint on Warm, the warm deadline, the replace budget) and warmprofile/ (inject,
+device plugins, clean-up, the status conditions). This module only decides when they run and what they read.
 
 Run it in-process (demo, tests, bench)::
 
@@ -31,7 +31,6 @@ from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.api.views import ClaimView, NodeView
 
-from . import deviceplugins
 from .events import EventRecorder
 from .kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
 from .leader import LeaderConfig, LeaderElector, NotLeading
@@ -40,6 +39,7 @@ from .nodeclaim.controller import NodeClaimController
 from .options import ControllerOptions
 from .pairing import ProviderIndex
 from .reflector import Reflector, wait_synced
+from .warmprofile import deviceplugins
 from .warmprofile.controller import WarmProfileController
 from .warmprofile.view import ProfileIndex, ProfileView
 from .workqueue import WorkQueue
@@ -94,8 +94,8 @@ class Controller:
                 self.opt.lease_namespace, self.opt.lease_name, self.opt.identity, self.opt.lease_duration_s,
                 self.opt.renew_deadline_s, self.opt.retry_period_s), self._became_leader, self._lost_leadership)
         self.profile_index = ProfileIndex(self.opt.profiles, self.profiles)
-        self.nodeclaim = NodeClaimController(self)
         self.warmprofile = WarmProfileController(self)
+        self.nodeclaim = NodeClaimController(self, self.warmprofile.write_status)
 
     # -- what the reconcilers read -------------------------------------------------------------------
     def node_for(self, claim: ClaimView) -> NodeView | None:

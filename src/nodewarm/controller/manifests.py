@@ -10,7 +10,7 @@ What it may do, and why each rule exists:
 * warmprofiles: get/list/watch, patch (its finalizer, so a deleted profile's startup taint is cleaned up);
   warmprofiles/status: patch (the Injected condition and what was injected).
 * daemonsets (apps): get/list/watch, read only: finds the device plugins that must start on a warming node and
-  reports on the WarmProfile when they do not tolerate its startup taint (controller/deviceplugins.py).
+  reports on the WarmProfile when they do not tolerate its startup taint (warmprofile/deviceplugins.py).
 * events: create, in the ``default`` namespace only (where events about cluster-scoped objects go).
 * leases: in the controller's own namespace only (leader election).
 

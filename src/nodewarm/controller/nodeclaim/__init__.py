@@ -1,1 +1,1 @@
-"""The NodeClaim reconciler: from a NodeClaim and its Node to one guarded write (controller.py)."""
+"""The NodeClaim reconciler (controller.py) and its phases, one module each: track, untaint, deadline, budget."""

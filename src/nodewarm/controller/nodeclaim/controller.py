@@ -11,26 +11,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Callable, Sequence
 
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm.api import lifecycle
-from nodewarm.api.views import ClaimView, NodeView
+from nodewarm.api.views import ClaimView, Condition, NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
 from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
 from ..leader import NotLeading
+from ..shared import Manager
+from ..warmprofile.view import ProfileView
 from . import budget
 from .plan import DELETE_CLAIM, NONE, Plan, plan_claim
 
-if TYPE_CHECKING:
-    from ..manager import Controller
+
+# Writes conditions on a WarmProfile's status (the WarmProfile reconciler's write_status).
+StatusWriter = Callable[[ProfileView | None, Sequence[tuple[Condition, dict | None]]], None]
 
 
 class NodeClaimController:
-    def __init__(self, mgr: "Controller"):
+    def __init__(self, mgr: Manager, write_profile_status: StatusWriter):
         self.mgr = mgr
+        self.write_profile_status = write_profile_status
         opt = mgr.opt
         self.budget = budget.ReplaceBudget(budget.ReplacePolicy(opt.replace_budget, opt.replace_window_s,
                                                                 opt.replace_backoff_s, opt.replace_backoff_max_s))
@@ -126,7 +130,7 @@ class NodeClaimController:
         view = self.mgr.profile_index.view(p.name) if p is not None else None
         cond = budget.profile_condition(gate, view.conditions) if view is not None else None
         if cond is not None:
-            self.mgr.warmprofile.write_condition(view, cond)
+            self.write_profile_status(view, [(cond, None)])
         if gate.condition.status == "True":
             self.mgr.queue.add_after(f"budget/{pool}", gate.until - time.time() + 0.05)
         return gate

@@ -1,1 +1,2 @@
-"""The WarmProfile reconciler: its NodeClass and NodePool, its clean-up, its status (controller.py)."""
+"""The WarmProfile reconciler (controller.py) and its phases, one module each: inject, deviceplugins, cleanup; the
+status they write (conditions.py)."""

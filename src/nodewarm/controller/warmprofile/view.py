@@ -4,7 +4,6 @@ and the index of the profiles it knows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nodewarm.api import lifecycle
 from nodewarm.api.errors import NodewarmError
@@ -12,8 +11,7 @@ from nodewarm.api.timeutil import parse_time
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.profile import from_dict
 
-if TYPE_CHECKING:
-    from ..reflector import Reflector
+from ..reflector import Reflector
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class ProfileIndex:
     """The profiles the controller knows, in the order they bind a NodePool or NodeClass: the --profile files first,
     then WarmProfile objects oldest first (nodewarm.api.lifecycle), then the deleted ones their clean-up still holds."""
 
-    def __init__(self, static: tuple[WarmProfile, ...], cache: "Reflector | None"):
+    def __init__(self, static: tuple[WarmProfile, ...], cache: Reflector | None):
         self._static, self._cache = static, cache
 
     def view(self, name: str) -> ProfileView | None:

@@ -1,5 +1,9 @@
-"""Inject phase: make a profile's NodeClass and NodePool hold nodewarm's fields, without ever starting a drift
-storm or fighting another field manager.
+"""Inject phase -> condition Injected: make a profile's NodeClass and NodePool hold nodewarm's fields, without ever
+starting a drift storm or fighting another field manager.
+
+Before anything is written, ``refused`` turns away a profile the loader rejects (InvalidProfile) and one naming a
+NodePool or NodeClass an older profile holds (NodePoolTaken, NodeClassTaken): each belongs to the first profile
+that names it. ``reconcile`` is the phase; ``Injector`` does the I/O, which the clean-up (cleanup.py) uses too.
 
 The desired fields come from ``nodewarm.nodeclasses.inject`` (pure, shared with ``render``). This shell
 reads the live objects and, in order:
@@ -33,7 +37,11 @@ from nodewarm.nodeclasses import driftpreview
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.api.warmprofile import WarmProfile
 
-from .kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
+from ..events import EventSpec
+from ..kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
+from ..shared import Manager
+from .conditions import Step, warning
+from .view import ProfileView
 
 _MANAGER = re.compile(r'conflict with "([^"]+)"')
 
@@ -207,3 +215,58 @@ class Injector:
         self.log.info("release.applied", nodepool=pool_name, taint=taint_key, drifted=pv.count(),
                       rv=after["metadata"]["resourceVersion"])
         return Release(pool_name, taint_key, done=True, applied=True, drifting=pv.count())
+
+
+def _owner_conflict(p: WarmProfile, live: list[WarmProfile]) -> Condition | None:
+    """A NodePool or NodeClass belongs to the first profile that names it; a second one is refused."""
+    for other in live:
+        if other.name == p.name:
+            return None
+        if other.nodes.node_pool == p.nodes.node_pool:
+            return Condition("Injected", "False", "NodePoolTaken",
+                             f"NodePool {p.nodes.node_pool} is already bound to WarmProfile {other.name}; "
+                             "one NodePool serves one profile: use a NodePool of its own")
+        if other.nodes.node_class == p.nodes.node_class and other.nodes.mode == p.nodes.mode:
+            return Condition("Injected", "False", "NodeClassTaken",
+                             f"NodeClass {p.nodes.node_class} is already bound to WarmProfile {other.name}; "
+                             "its user data names that profile: give this profile a NodeClass of its own")
+    return None
+
+
+def refused(view: ProfileView | None, p: WarmProfile | None, live: list[WarmProfile]) -> Step | None:
+    """The Step of a profile that is not injected at all (no finalizer, no later phase), or None."""
+    if p is None:
+        return Step(Condition("Injected", "False", "InvalidProfile", view.error)) if view and view.error else Step()
+    taken = _owner_conflict(p, live)
+    return Step(taken, events=warning(view, taken)) if taken is not None else None
+
+
+def reconcile(mgr: Manager, injector: Injector, view: ProfileView | None,
+              p: WarmProfile) -> tuple[Step, InjectResult]:
+    """The phase: what differs applied (or why not); a metric per target, an event per apply, a Warning event for a
+    refusal; on Injected=True, status.injected says what this profile now holds. The result is what `--once` shows."""
+    result = injector.reconcile(p, (view.injected.get("taintKey") if view else None))
+    events: list[EventSpec] = []
+    for t in result.targets:
+        if t.applied:
+            mgr.metrics.injections.labels(t.kind, "applied").inc()
+            events.append(EventSpec(t.kind, t.name, "", "NodewarmInjected",
+                                    f"WarmProfile {p.name} applied {', '.join(t.changed_fields)}"))
+        elif t.changed_fields:
+            mgr.metrics.injections.labels(t.kind, "audit").inc()
+        else:
+            mgr.metrics.injections.labels(t.kind, "uptodate").inc()
+    if result.warning:
+        mgr.metrics.injections.labels("WarmProfile", result.condition.reason).inc()
+        events += warning(view, result.condition)
+    mgr.log.info("inject", profile=p.name, reason=result.condition.reason, message=result.condition.message)
+    injected = None
+    if result.condition.status == "True":
+        # A renamed taintKey: nodes registered with the old key are still gated by it (nodewarm.api.lifecycle
+        # gating_taint, which the NodeClaim reconciler asks).
+        old = view.injected if view else {}
+        retired = set(old.get("retiredTaintKeys") or ()) | ({old["taintKey"]} if old.get("taintKey") else set())
+        injected = {"nodePool": p.nodes.node_pool, "nodeClass": p.nodes.node_class,
+                    "taintKey": p.readiness.taint_key,
+                    "retiredTaintKeys": sorted(retired - {p.readiness.taint_key})}
+    return Step(result.condition, injected, tuple(events)), result

@@ -1,4 +1,5 @@
-"""Device plugins that must run on a warming node, and whether they can (pure: DaemonSet objects in, a verdict out).
+"""Device plugins phase -> condition DevicePluginsTolerate: the device plugins that must run on a warming node, and
+whether they can (``check`` is pure: DaemonSet objects in, a verdict out; ``reconcile`` is the phase).
 
 The vLLM pod requests ``nvidia.com/gpu``; a node advertises that resource only once a device plugin registered
 with its kubelet. Device plugins run as DaemonSets, and a DaemonSet pod is kept off a node by any NoSchedule
@@ -33,6 +34,10 @@ from nodewarm.api.names import INSTANCE_TYPE_LABEL
 from nodewarm.nodeclasses.nodepool import startup_taint
 from nodewarm.api.views import Condition
 from nodewarm.api.warmprofile import WarmProfile
+
+from ..shared import Manager
+from .conditions import Step, warning
+from .view import ProfileView
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NAME_HINTS = ("device-plugin",)
@@ -182,3 +187,16 @@ def check(daemonsets, p: WarmProfile) -> Verdict:
                              "nodes: nothing in the cluster advertises nvidia.com/gpu to them yet (EKS Auto Mode "
                              "runs its own, outside the cluster's DaemonSets); install the NVIDIA device plugin with "
                              f"the toleration {{key: {tol['key']}, operator: Exists, effect: NoSchedule}}"), (), ())
+
+
+def reconcile(mgr: Manager, view: ProfileView | None, p: WarmProfile) -> Step | None:
+    """The verdict for the profile's nodes: its condition, a Warning event when that changes, a metric, a log line."""
+    if not mgr.daemonsets.synced.is_set():
+        return None          # not listed (yet, or no RBAC for it): no verdict rather than a false one
+    verdict = check(list(mgr.daemonsets.store.values()), p)
+    mgr.metrics.device_plugins_missing.labels(p.name).set(len(verdict.missing))
+    if not verdict.missing:
+        return Step(verdict.condition)
+    mgr.log.warning("device_plugins.missing_toleration", profile=p.name, daemonsets=list(verdict.missing),
+                    taint=p.readiness.taint_key)
+    return Step(verdict.condition, events=warning(view, verdict.condition))
