@@ -9,8 +9,8 @@ restored/cold (target <= 0.10) and writes a JSON report.
 
 It also times the node agent's compile-cache phase for a small bundle (node A's Inductor cache alone, as
 `nodewarm demo` restores it: ~76 KB there), keyed as the agent keys it through the image's signed runtime
-descriptor: the median of a few fresh processes (testenv/restore_probe), and whether that phase imported
-(or tried to import) torch, triton or vLLM (target: < 1 s, none).
+descriptor: the median of a few fresh processes (nodewarm_dev.testenv.restore_probe), and whether that phase
+imported (or tried to import) torch, triton or vLLM (target: < 1 s, none).
 
     .venv/bin/python bench/compile_cache.py [--layers 4 --d 256 --seq 128] [--engine rclone] [--out FILE]
 

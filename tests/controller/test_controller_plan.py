@@ -97,7 +97,7 @@ def test_a_deadline_untaint_labels_the_profiles_generation_and_marks_the_node_co
     assert (labels["nodewarm.io/warm"], labels["nodewarm.io/compile-cache"]) == ("cold", "cold")
     assert after["spec"]["taints"] == [GPU, OTHER]
     ev = next(e for e in pl.events if e.kind == "Node")
-    # What the pod's start script will do (nodeclasses/servestart.py): no identity that reads S3 here, so it waits.
+    # What the pod's start script will do (nodeclasses.servestart): no identity that reads S3 here, so it waits.
     assert ev.reason == "WarmDeadlineUntaint" and "waits for the agent's copy" in ev.message
     assert generation(prof()) in ev.message and "will load the model cold" not in ev.message
     streaming = prof(spec__compileCache__verifyKey="A" * 43 + "=", spec__aws__identity="podIdentity",

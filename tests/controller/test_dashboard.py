@@ -75,7 +75,7 @@ def exercised_metrics() -> Metrics:
     for result in ("hit", "miss"):
         Controller._count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {CACHE_ANNOTATION: "restored"}),
                                                _node(POOL, "True", {CACHE_ANNOTATION: result}))
-    # The rest as controller.py labels them.
+    # The rest as the controller (nodewarm.controller) labels them.
     for kind, result in (("EC2NodeClass", "applied"), ("NodePool", "uptodate"), ("NodePool", "audit"),
                          ("WarmProfile", "Differs")):
         m.injections.labels(kind, result).inc()

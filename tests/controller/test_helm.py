@@ -1,5 +1,5 @@
 """The Helm chart (deploy/helm/nodewarm), like Karpenter's: one source (it is generated from
-controller/manifests.py and schema.crd(), and cannot drift from them), rendered by the real helm, installed by
+nodewarm/controller/manifests.py and schema.crd(), and cannot drift from them), rendered by the real helm, installed by
 `helm install` on the local API server, and the controller it deploys, run with exactly its container's
 command and args as its ServiceAccount, lifts the startup taint of a node that reports Warm."""
 

@@ -1,5 +1,5 @@
 """Injection that cannot start a drift storm or fight GitOps (Step 7), on the real API server with the upstream
-Karpenter CRDs. "Would drift" is asserted with the fields Karpenter hashes (nodeclasses/drift.py, which cites
+Karpenter CRDs. "Would drift" is asserted with the fields Karpenter hashes (nodewarm/nodeclasses/drift.py, which cites
 the upstream Hash() functions), never with a hard-coded answer."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The demo's reading of a real vLLM pod's log and its publisher sidecar's (pure: no vLLM is started here; the
-real-vLLM demo run is tests/test_demo.py)."""
+real-vLLM demo run is tests/dev/test_demo.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""testenv/podrun.py, the kubelet stand-in the engine tests start rendered containers with: the image (the serving
-environment) stays visible inside a pod whose private /tmp covers the machine's, wherever the checkout lies."""
+"""nodewarm_dev.testenv.podrun, the kubelet stand-in the engine tests start rendered containers with: the image (the
+serving environment) stays visible inside a pod whose private /tmp covers the machine's, wherever the checkout lies."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 For each serving setting, nodewarm's key (``key_id`` of the factors its publisher and agent build: the serving
 image's software, this node's hardware, the profile's serving spec, the serving env) is compared with the hash
 vLLM 0.32 itself names its cache directory by, computed by vLLM's own code in the serving environment from the
-rendered pod's argv and env (testenv/vllmhash.py: no engine is booted). A difference either way is a bug:
+rendered pod's argv and env (nodewarm_dev/testenv/vllmhash.py: no engine is booted). A difference either way is a bug:
 nodewarm changing alone keeps nodes from sharing caches vLLM would use; vLLM changing alone restores caches
 vLLM will not use (and, for Inductor's CPU ISA hazard, ones it would use wrongly).
 
 Settings that only nodewarm keys on, on purpose, are not here: the node's hardware (GPU model and count, CPU ISA,
-threads), the torch/triton builds and the install paths; tests/test_cachekey.py and test_compile_freshness.py
-cover those.
+threads), the torch/triton builds and the install paths; tests/bootstrap/compilecache/test_cachekey.py and
+test_compile_freshness.py cover those.
 """
 
 from __future__ import annotations

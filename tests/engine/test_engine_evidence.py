@@ -1,9 +1,9 @@
 """vLLM's AOT load failure is a miss, never a hit: for the engine tests' own reading of vLLM's log
-(testenv/enginenode.evidence) and for the publisher's judge (hitcheck), on the lines vLLM 0.32 prints.
+(nodewarm_dev.testenv.enginenode.evidence) and for the publisher's judge (hitcheck), on the lines vLLM 0.32 prints.
 
 On CPU vLLM 0.32 fails to load its restored AOT artifact, says so, and compiles the model again, mostly from
 Inductor's restored entries: the log then shows Inductor cache *hits* beside the failure, which must not read
-as a hit. Pure: no engine is booted (tests/test_engine_compile_cache.py boots it).
+as a hit. Pure: no engine is booted (tests/engine/test_engine_compile_cache.py boots it).
 """
 
 from __future__ import annotations

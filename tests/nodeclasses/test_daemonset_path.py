@@ -63,7 +63,7 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
     ds, = (d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith("nodewarm-bootstrap-"))
     assert ds["metadata"]["namespace"] == f"{name}-system"
     # Everything as rendered, except the admission policy (v1.20 has none; test_admission_policy covers it) and
-    # the PodDisruptionBudget (policy/v1 is served from 1.21; tests/test_vllm_pod.py checks its fields).
+    # the PodDisruptionBudget (policy/v1 is served from 1.21; tests/nodeclasses/test_vllm_pod.py checks its fields).
     apply(admin, [d for d in docs if not d["kind"].startswith("ValidatingAdmissionPolicy")
                   and d["kind"] != "PodDisruptionBudget"])
 

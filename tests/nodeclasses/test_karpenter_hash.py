@@ -1,4 +1,4 @@
-"""Karpenter's own drift hashes (nodeclasses/karpenterhash.py) against the values upstream pins in its tests.
+"""Karpenter's own drift hashes (nodewarm/nodeclasses/karpenterhash.py) against the values upstream pins in its tests.
 
 The EC2NodeClass table is aws/karpenter-provider-aws ``pkg/apis/v1/ec2nodeclass_hash_test.go``: at tag v1.14.1
 (commit bde00654cd316fddb3dccfba3f5ac07039865429, hash version v5) and on main (commit

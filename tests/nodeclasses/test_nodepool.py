@@ -332,7 +332,8 @@ def test_the_crd_has_no_fixed_prepull_default_that_would_contradict_a_short_dead
 
 
 class _FakeKube:
-    """Just enough of controller.kube.Kube for the injector: the objects by kind, server-side apply as a merge."""
+    """Just enough of nodewarm.controller.kube.Kube for the injector: the objects by kind, server-side apply as
+    a merge."""
 
     def __init__(self, *objs):
         self.objs = {(o["kind"], o["metadata"]["name"]): {**o, "metadata": {**o["metadata"], "resourceVersion": "1"}}

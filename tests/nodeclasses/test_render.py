@@ -99,7 +99,7 @@ def test_vllm_loader_config(tp, distributed):
 
 
 def test_vllm_never_enforce_eager_and_never_tolerates_the_startup_taint():
-    # Eager mode is refused unless allowed (tests/test_vllm_pod.py covers its spellings and allowEager).
+    # Eager mode is refused unless allowed (tests/nodeclasses/test_vllm_pod.py covers its spellings and allowEager).
     with pytest.raises(profile.ProfileError) as e:
         rendered(v(spec__serving__extraArgs=["--enforce-eager", "--gpu-memory-utilization=0.9"]))
     assert e.value.field == "spec.serving.extraArgs" and "spec.serving.allowEager" in str(e.value)
@@ -430,7 +430,7 @@ def node_objects(doc) -> list[dict]:
 
 @pytest.mark.parametrize("mode", ["karpenter", "automode"])
 def test_every_serving_field_changed_renders_byte_identical_node_objects(mode, monkeypatch):
-    """Karpenter hashes these objects (nodeclasses/drift.py): a serving change must not replace a node."""
+    """Karpenter hashes these objects (nodewarm/nodeclasses/drift.py): a serving change must not replace a node."""
     from nodewarm.nodeclasses import drift
 
     base = v(mode)

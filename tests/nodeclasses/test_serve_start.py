@@ -1,4 +1,4 @@
-"""The vLLM container's start script (nodeclasses/serve_start_script.py, shipped in a ConfigMap): NVMe when the
+"""The vLLM container's start script (nodewarm/nodeclasses/serve_start_script.py, shipped in a ConfigMap): NVMe when the
 node agent's record says the local copy is complete, else S3 with the Run:ai streamer when the pod has
 credentials, else wait for the copy; and the rendered objects that run it.
 
@@ -216,7 +216,7 @@ def test_vllm_serve_where_its_cli_runs_else_the_module_entrypoint(mod):
         serve + ["/m", "--port=1", "--dtype=auto"]
     assert mod.serve_command(False, True, ARGS) == VLLM + ARGS
     assert mod.serve_command(True, False, ARGS) == VLLM + ARGS
-    # This environment has no vLLM at all; .venv-serving's answer is tests/test_vllm_argv.py's.
+    # This environment has no vLLM at all; .venv-serving's answer is tests/engine/test_vllm_argv.py's.
     assert mod.installed_vllm() == (False, False)
 
 

@@ -263,7 +263,7 @@ def test_pipeline_parallelism_comes_from_extra_args_once():
     for extra in (["--pipeline-parallel-size=2"], ["-pp", "2"], ["--pipeline_parallel_size", "2"]):
         doc = v(spec__serving__extraArgs=extra)
         c = vllm_container(rendered(doc))
-        # Once, as one token in vLLM's long spelling (nodeclasses/vllmargs.py: spelled).
+        # Once, as one token in vLLM's long spelling (nodewarm/nodeclasses/vllmargs.py: spelled).
         assert [a for a in c["args"] if "pipeline" in a or a == "-pp"] == ["--pipeline-parallel-size=2"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert serving_spec(profile.from_dict(doc)).pp == 2

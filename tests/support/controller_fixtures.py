@@ -1,5 +1,5 @@
 """Helpers shared by the controller tests: profiles installed on the real API server, a running
-controller, polling waits with short timeouts (the faults in front of the API server are support/kubefaults.py)."""
+controller, polling waits with short timeouts (the faults in front of the API server are support.kubefaults)."""
 
 from __future__ import annotations
 

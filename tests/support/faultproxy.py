@@ -1,5 +1,5 @@
 """The one fault-injecting HTTP/1.1 proxy the tests put in front of a real server: the local S3 server
-(support/s3faults.py: S3 error answers) or the local kube-apiserver (support/kubefaults.py: broken watches, 410
+(support.s3faults: S3 error answers) or the local kube-apiserver (support.kubefaults: broken watches, 410
 Gone, 409 Conflict, a partition).
 
 Point the client at ``proxy.endpoint``. Each request is parsed (method, target, headers), recorded, and handed to

@@ -1,4 +1,4 @@
-"""S3's side of the fault proxy (support/faultproxy.py): its answers in S3's own error format. The faults on the
+"""S3's side of the fault proxy (tests/support/faultproxy.py): its answers in S3's own error format. The faults on the
 response body (reset, truncate, stall, trickle, corrupt) are the proxy's own."""
 
 from __future__ import annotations

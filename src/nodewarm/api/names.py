@@ -14,21 +14,23 @@ CACHE_ANNOTATION = "nodewarm.io/compile-cache"
 CACHE_REASON_ANNOTATION = "nodewarm.io/compile-cache-reason"
 TIMELINE_ANNOTATION = "nodewarm.io/timeline"
 WEIGHTS_ANNOTATION = "nodewarm.io/weights"
-# Set by the node agent when the launcher failed before it started (what failed, when): see bootstrap/launchrecord.py.
+# Set by the node agent when the launcher failed before it started (what failed, when): see
+# nodewarm/bootstrap/launchrecord.py.
 LAUNCH_FAILURE_ANNOTATION = "nodewarm.io/launch-failure"
-# The serving image pre-pull's outcome (bootstrap/imageprepull.py), recorded by the node agent on its own Node.
+# The serving image pre-pull's outcome (nodewarm/bootstrap/imageprepull.py), recorded by the node agent on its own Node.
 IMAGE_ANNOTATION = "nodewarm.io/image-prepull"
 # The generation the agent warmed, recorded on a node still under the startup taint: the controller turns it
-# into the generation label in the write that lifts the taint (bootstrap/nodestatus.py says why).
+# into the generation label in the write that lifts the taint (nodewarm/bootstrap/nodestatus.py says why).
 WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"
-# Whether the Node advertised the GPUs the vLLM pod requests before Warm (bootstrap/gpuwait.py), by the node agent.
+# Whether the Node advertised the GPUs the vLLM pod requests before Warm (nodewarm/bootstrap/gpuwait.py), by the
+# node agent.
 GPUS_ANNOTATION = "nodewarm.io/gpus"
-# The weights' in-flight progress, written by the node agent while it pulls (bootstrap/agent.py LiveProgress) and
-# read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
+# The weights' in-flight progress, written by the node agent while it pulls (nodewarm/bootstrap/agent.py
+# LiveProgress) and read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
 
 # Written by the controller on a Node: its record of the node's lifecycle (views.WarmState), and the label
-# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, api/generation.py).
+# of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/api/generation.py).
 STATE_ANNOTATION = "nodewarm.io/state"
 GENERATION_LABEL = "nodewarm.io/generation"
 CACHE_LABEL = "nodewarm.io/compile-cache"
@@ -39,7 +41,7 @@ CACHE_OUTCOMES = ("hit", "miss", "cold")
 MODEL_LABEL = "nodewarm.io/model"
 WARM_LABEL = "nodewarm.io/warm"
 # On a WarmProfile, by the controller: the finalizer that holds a deleted profile until its startup taint is out of
-# the NodePool, and the condition that says why that clean-up waits (controller/warmprofile/cleanup.py;
+# the NodePool, and the condition that says why that clean-up waits (nodewarm/controller/warmprofile/cleanup.py;
 # `nodewarm status` shows a held profile's nodes by them).
 CLEANUP_FINALIZER = "nodewarm.io/cleanup"
 CLEANUP_CONDITION = "Cleanup"

@@ -1,7 +1,7 @@
 """The serving image's pre-pull pod, by the names the renderer gives it and the node agent finds it by.
 
-The renderer's DaemonSet (nodeclasses/prepull.py) puts one such pod on every node of the pool; the node agent
-(bootstrap/imageprepull.py) finds its own node's pod by ``label_selector`` and reads the status of its
+The renderer's DaemonSet (nodewarm/nodeclasses/prepull.py) puts one such pod on every node of the pool; the node agent
+(nodewarm/bootstrap/imageprepull.py) finds its own node's pod by ``label_selector`` and reads the status of its
 ``CONTAINER``, whose image is the serving image.
 """
 

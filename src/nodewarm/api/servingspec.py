@@ -16,7 +16,7 @@ module to it): ``_``/``-`` alike, a unique prefix of a long flag (argparse's abb
 ``--max-model-len=8``), a dotted key into a JSON flag (``--model-loader-extra-config.concurrency=4`` replaces the
 profile's loader config), its short options, and ``--config FILE`` (flags from a file nodewarm never sees).
 ``--enforce-eager`` is refused unless ``spec.serving.allowEager``; when allowed the key has ``enforce-eager=true``
-(eager code is not the compiled code). How the renderer spells the flags for vLLM is nodeclasses/vllmargs.py.
+(eager code is not the compiled code). How the renderer spells the flags for vLLM is nodewarm/nodeclasses/vllmargs.py.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ _PROFILE_SETS = {
               "would not know them)",
 }
 # Passed to vLLM, never in its compile hash: how the HTTP server runs, and engine settings vLLM's own hash leaves
-# out (prefix caching, the sampling seed, the memory fraction; tests/test_engine_cachekey.py checks these against
+# out (prefix caching, the sampling seed, the memory fraction; tests/engine/test_engine_cachekey.py checks these against
 # vLLM's hash). Keying on them would only keep nodes from sharing caches vLLM shares.
 _SERVER_ONLY = frozenset({"api-key", "disable-log-requests", "enable-log-requests", "disable-log-stats",
                           "uvicorn-log-level", "disable-uvicorn-access-log", "ssl-keyfile", "ssl-certfile",

@@ -35,7 +35,7 @@ LAUNCHED = "Launched"
 REGISTERED = "Registered"
 INITIALIZED = "Initialized"
 
-# What the agent records as the generation it warmed (nodewarm.generation: 16 hex digits).
+# What the agent records as the generation it warmed (nodewarm.api.generation: 16 hex digits).
 _GENERATION = re.compile(r"^[0-9a-f]{16}$")
 
 

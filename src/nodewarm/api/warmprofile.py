@@ -51,7 +51,7 @@ class Serving:
     s3_low_speed_limit: int
     extra_args: tuple[str, ...]
     allow_eager: bool
-    cpu_request: str | None             # None: sized from the GPUs (nodeclasses/vllm.py)
+    cpu_request: str | None             # None: sized from the GPUs (nodewarm/nodeclasses/vllm.py)
     memory_request: str | None
 
     @property
@@ -62,7 +62,7 @@ class Serving:
 
 @dataclass(frozen=True)
 class NodeLimits:
-    gpus: int | None               # None: sized from the replicas (nodeclasses/nodepool.py)
+    gpus: int | None               # None: sized from the replicas (nodewarm/nodeclasses/nodepool.py)
     cpu: str | None
     memory: str | None
 
@@ -76,7 +76,7 @@ class DriftWindow:
 @dataclass(frozen=True)
 class DriftPace:
     """How fast drift (an AMI release, a changed alias or template) may replace warm nodes: NodePool budgets with
-    reasons [Drifted] (nodeclasses/nodepool.py renders them)."""
+    reasons [Drifted] (nodewarm/nodeclasses/nodepool.py renders them)."""
 
     nodes: str
     window: DriftWindow | None
@@ -212,7 +212,7 @@ def cold_mode(p: WarmProfile) -> str:
     """What the vLLM pod does on a node whose copy of the weights is not complete: ``stream`` them from S3 when the
     pod has an AWS identity that may read the model (only the compile-cache publisher gives it one, through
     podIdentity or irsa), else ``wait`` for the node agent's copy. The start script acts on it
-    (nodeclasses/servestart.py) and the controller says it when it lifts a taint cold."""
+    (nodewarm/nodeclasses/servestart.py) and the controller says it when it lifts a taint cold."""
     if p.compile_cache.publisher is not None and p.aws.identity in ("podIdentity", "irsa"):
         return "stream"
     return "wait"

@@ -142,7 +142,7 @@ class AgentConfig:
     streamer: StreamerTuning | None = None          # set: stream one file with the vLLM pod's settings
     state_dir: Path | None = None                   # launcher records in, agent-result.json out
     node_labels: dict[str, str] = field(default_factory=dict)   # this Node's: part of its hardware view
-    serving_image: str | None = None                # pulled by the kubelet meanwhile (bootstrap/imageprepull.py)
+    serving_image: str | None = None                # pulled by the kubelet meanwhile (imageprepull.py)
     prepull_namespace: str = default("bootstrap.namespace")     # where the image pre-pull pod runs
     prepull_deadline_s: float = float(DEFAULT_PREPULL_TIMEOUT_S)  # spec.bootstrap.imagePrepullTimeout
     gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
@@ -165,7 +165,7 @@ class AgentConfig:
 
     @property
     def gpus_wanted(self) -> int:
-        """What the rendered vLLM pod requests (nodeclasses/vllm.py): tensor x pipeline parallel size."""
+        """What the rendered vLLM pod requests (nodewarm/nodeclasses/vllm.py): tensor x pipeline parallel size."""
         s = self.serving_spec()
         return s.tp * s.pp
 

@@ -4,7 +4,7 @@ A node advertises ``nvidia.com/gpu`` in ``status.allocatable`` only once a devic
 kubelet. If that plugin's DaemonSet does not tolerate the startup taint it cannot start before the taint lifts,
 and the vLLM pod that the lift let in waits again (plugin image pull, start, registration). So the agent's Warm
 also says the GPUs are there: it waits, as a phase beside the weights, until the Node's allocatable holds the
-``tp * pp`` GPUs the rendered vLLM pod requests (nodeclasses/vllm.py), reading its own Node with its own
+``tp * pp`` GPUs the rendered vLLM pod requests (nodewarm/nodeclasses/vllm.py), reading its own Node with its own
 identity (the kubelet's on AL2023, the DaemonSet's ServiceAccount elsewhere: both may already get it).
 
 The wait is bounded (``GPU_WAIT_S`` from the agent's start; the weights usually take longer, so a plugin that

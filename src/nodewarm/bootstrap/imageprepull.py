@@ -1,6 +1,6 @@
 """Waiting for the kubelet to pull the serving image, before the node reports Warm.
 
-The rendered ``<profile>-image-prepull`` DaemonSet (nodeclasses/prepull.py) gives every node of the pool a pod
+The rendered ``<profile>-image-prepull`` DaemonSet (nodewarm/nodeclasses/prepull.py) gives every node of the pool a pod
 whose init container ``serving-image`` runs the serving image's ``/bin/true``: the kubelet pulls the image while
 the agent pulls weights. The agent only reads that pod, with its own identity (the kubelet's on AL2023, whose
 Node authorizer lets it list and watch pods; the DaemonSet's ServiceAccount elsewhere, with a Role in the

@@ -3,7 +3,7 @@
 Why the agent reads it instead of getting it on its command line: the command line is baked into the
 EC2NodeClass's userData, which Karpenter hashes; a serving change there would replace every node. The
 identity is the kubelet's on AL2023 (group ``system:nodes``) or the DaemonSet's ServiceAccount, and either
-may only ``get`` and ``watch`` WarmProfiles (nodeclasses/agentaccess.py).
+may only ``get`` and ``watch`` WarmProfiles (nodewarm/nodeclasses/agentaccess.py).
 
 ``resolve`` is pure (a profile object in, what this node must warm out); the rest is thin I/O.
 """

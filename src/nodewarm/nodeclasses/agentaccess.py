@@ -3,7 +3,7 @@
 On AL2023 the agent runs on the host with the kubelet's credentials (user ``system:node:<name>``, group
 ``system:nodes``): the Node authorizer has no opinion on custom resources, so RBAC decides, and this
 binding is what lets a booting node read the settings that are deliberately *not* in its user data.
-On the DaemonSet path the agent's ServiceAccount gets the same rule (userdata/daemonset.py).
+On the DaemonSet path the agent's ServiceAccount gets the same rule (nodewarm/userdata/daemonset.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The patch that lets a device plugin DaemonSet start on a warming node (`nodewarm render --device-plugin-patch`).
 
 A device plugin must run while the node still carries the startup taint, or the node advertises no GPUs until
-the taint lifts and the vLLM pod waits a second time (controller/warmprofile/deviceplugins.py finds such DaemonSets
+the taint lifts and the vLLM pod waits a second time (the controller, nodewarm.controller, finds such DaemonSets
 and names them on the WarmProfile's ``DevicePluginsTolerate`` condition). The fix is one toleration.
 
 It is a JSON patch that appends, not a strategic-merge patch: a Pod spec's ``tolerations`` list has no merge key,

@@ -22,7 +22,7 @@ value is what decides drift on the edges: a nil pointer, slice or map is zero, b
 The Go types are described below as data (name, JSON name, Go type, tag), read from those files; the objects
 are decoded from JSON the way ``encoding/json`` fills those structs, after the CRD defaults the API server
 applies (``expireAfter: 720h``, ``metadataOptions``). Verified against upstream's static values in
-``pkg/apis/v1/ec2nodeclass_hash_test.go`` (tests/test_karpenter_hash.py).
+``pkg/apis/v1/ec2nodeclass_hash_test.go`` (tests/nodeclasses/test_karpenter_hash.py).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A vLLM image is 10-20 GB. Pulled only once the startup taint lifts, it adds minutes between Warm and serving.
 So every node of the pool gets a pod whose init container ``serving-image`` is the serving image running a
 no-op: the kubelet pulls it while the agent pulls weights and restores compile caches, and the agent waits for
-that container's status (``imageID`` set, bootstrap/imageprepull.py) before it reports Warm; both sides name the pod
-through nodewarm.api.prepullpod.
+that container's status (``imageID`` set, nodewarm.bootstrap.imageprepull) before it reports Warm; both sides name
+the pod through nodewarm.api.prepullpod.
 
 * Its own DaemonSet, not an init container of the agent's pod: that would hold the agent back until the image
   is on the node (the three would run one after the other), and on AL2023 the agent is no pod at all.

@@ -18,7 +18,7 @@ read the model, else waits for the copy (the script's docstring says exactly wha
 * Cold streaming needs S3 read credentials in the pod. Only the compile-cache publisher gives the pod an AWS
   identity (its ServiceAccount, shared by the vLLM container; iam.publisher_policy grants it model read for
   this). Without a publisher the pod has no credentials (identity ``node`` cannot reach pods: metadata hop
-  limit 1), so the script is told ``--cold wait`` (api/warmprofile.py ``cold_mode``): it logs why and starts vLLM
+  limit 1), so the script is told ``--cold wait`` (nodewarm.api.warmprofile ``cold_mode``): it logs why and starts vLLM
   from NVMe once the agent's copy is complete, instead of crash-looping on a stream that cannot authenticate.
 * The ConfigMap has a fixed name: a new nodewarm release's script reaches running pods at their next start
   without rolling the Deployment (the command-line contract is the script's interface; keep it compatible).

@@ -5,7 +5,7 @@ Deliberate choices:
 * ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)``; ``distributed`` only
   when TP > 1 (with TP = 1 it buys nothing, and it needs the V1 engine).
 * no ``--enforce-eager`` unless ``spec.serving.allowEager``: it turns torch.compile off, so the restored compile
-  cache would be unused (api/servingspec.py refuses it, and every flag the profile already sets, in any spelling).
+  cache would be unused (nodewarm.api.servingspec refuses it, and every flag the profile already sets, in any spelling).
 * CPU/memory requests per GPU as in the AWS guide, capped to fit the smallest allowed instance type; a memory-backed
   /dev/shm for NCCL and vLLM's worker queues; the streamer's host buffer bounded by the memory request.
 * a startup probe budget from the model size, a liveness probe after it, and a PodDisruptionBudget.

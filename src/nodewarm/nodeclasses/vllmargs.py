@@ -1,4 +1,4 @@
-"""vLLM's and the publisher's command lines, as the renderer spells them from the serving spec (api/servingspec.py).
+"""vLLM's and the publisher's command lines, as the renderer spells them from the serving spec (api.servingspec).
 
 vLLM gets each extraArgs flag as one token, ``--name=value`` (``--name``/``--no-name`` for true/false): a value
 written as the next token can then never be read as vLLM's positional model argument instead

@@ -21,7 +21,7 @@ Where each column comes from:
 * time in phase: the phase's start from the same objects (claim creation, Launched/Registered transition, the
   agent's timeline, the record's ``decided``, the deletionTimestamp);
 * weights: while pulling, the agent's ``nodewarm.io/weights-progress`` (bytes done/total, written at most every
-  30 s: bootstrap/agent.py ``LiveProgress``); once pulled, its ``nodewarm.io/weights`` summary;
+  30 s: nodewarm/bootstrap/agent.py ``LiveProgress``); once pulled, its ``nodewarm.io/weights`` summary;
 * cache: ``nodewarm.io/compile-cache`` (hit/miss once serving proves it, cold at warm time); ``restored`` when
   the agent restored a bundle that serving has not judged yet;
 * deadline: ``spec.readiness.deadline`` of the node's WarmProfile from lifecycle.deadline_start, in the phases

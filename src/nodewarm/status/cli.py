@@ -21,7 +21,7 @@ from .observed import Observed, named, owners
 from .rows import rows
 from .text import format_explanation, format_rows, held_notes
 
-EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (controller/events.py)
+EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (nodewarm/controller/events.py)
 
 # What a user running `nodewarm status` needs, and nothing more (tests/test_status.py runs it with exactly this).
 RBAC_RULES = [

@@ -138,7 +138,7 @@ def manifests(
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
     }
-    # It waits for the image pre-pull pod on its node (nodeclasses/prepull.py) with a watch: in its own namespace
+    # It waits for the image pre-pull pod on its node (nodewarm.nodeclasses.prepull) with a watch: in its own namespace
     # only, where that pod lives, not on every pod of the cluster.
     prepull_role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -1,6 +1,6 @@
 """Publish and restore against real local S3 servers (rclone: no conditional writes; SeaweedFS: AWS-exact).
 
-Cache trees here are small stand-ins with the real layouts; tests/test_compile_hit.py does the same
+Cache trees here are small stand-ins with the real layouts; test_compile_hit.py (beside this file) does the same
 with a real torch.compile cache.
 """
 
@@ -273,7 +273,7 @@ def test_empty_bucket_is_a_cold_start(rclone_store, keys, tmp_path):
     assert "first node" in out.message
 
 
-@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/compilecache/publish.py
+@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see nodewarm/bootstrap/compilecache/publish.py
 def test_watcher_publishes_after_a_compile_goes_quiet(rclone_store, keys, tmp_path):
     roots = _node(tmp_path, "w", compiled=False)
     box: dict = {}
@@ -297,7 +297,7 @@ def test_nothing_compiled_publishes_nothing(rclone_store, keys, tmp_path):
     assert rclone_store.list(cachekey.prefix(FACTORS, rclone_store.root), delimiter=None) == []
 
 
-@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see bootstrap/compilecache/publish.py
+@pytest.mark.filterwarnings("ignore:Callback with id:RuntimeWarning")  # see nodewarm/bootstrap/compilecache/publish.py
 def test_watcher_times_out_without_a_compile(rclone_store, keys, tmp_path):
     settings = dataclasses.replace(FAST, timeout_s=2.0)
     res = publish.watch_and_publish(rclone_store, _node(tmp_path, "idle", compiled=False), FACTORS, keys[0],
@@ -398,10 +398,10 @@ def test_host_without_torch_uses_the_signed_runtime_descriptor_of_the_serving_im
 
 
 def test_agent_restore_path_imports_no_torch(aws_env, keys, tmp_path):
-    """The agent's compile-cache phase, run as the agent runs it in a fresh process (testenv/restore_probe),
-    restores a published bundle keyed through the image's signed descriptor without importing, or even
-    trying to import, torch, triton or vLLM: the AL2023 host agent has none of them, and importing torch
-    costs seconds the phase must not pay."""
+    """The agent's compile-cache phase, run as the agent runs it in a fresh process
+    (nodewarm_dev.testenv.restore_probe), restores a published bundle keyed through the image's signed descriptor
+    without importing, or even trying to import, torch, triton or vLLM: the AL2023 host agent has none of them, and
+    importing torch costs seconds the phase must not pay."""
     aws_env.create_bucket("lean-cc")
     uri = "s3://lean-cc/cc"
     env = {"VLLM_USE_AOT_COMPILE": "1"}

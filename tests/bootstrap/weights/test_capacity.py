@@ -1,4 +1,4 @@
-"""bootstrap/weights/capacity.py: the free-space check, on a real small filesystem."""
+"""nodewarm/bootstrap/weights/capacity.py: the free-space check, on a real small filesystem."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""bootstrap/weights/manifest.py (listing -> plan, pure) and bootstrap/weights/verify.py's choice of evidence."""
+"""nodewarm.bootstrap.weights.manifest (listing -> plan, pure) and nodewarm.bootstrap.weights.verify's choice of
+evidence."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bootstrap/weights/mounts.py against /proc and /sys trees replayed from the documented RAID0 layouts."""
+"""nodewarm/bootstrap/weights/mounts.py against /proc and /sys trees replayed from the documented RAID0 layouts."""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     nodes = args.nodes if args.nodes is not None else (1 if args.engine == "vllm" else 3)
     if args.engine == "vllm" and args.model_mb is not None:
         raise SystemExit("--model-mb sizes the probe engine's model-like file set; with --engine vllm the model is "
-                         "the tiny Llama real vLLM serves (testenv/tinymodel.py): drop --model-mb or use --engine probe")
+                         "the tiny Llama real vLLM serves (nodewarm_dev/testenv/tinymodel.py): drop --model-mb "
+                         "or use --engine probe")
     opts = DemoOptions(
         nodes=nodes, model_mb=args.model_mb or 1024, engine=args.engine, workdir=Path(args.workdir) if args.workdir else None,
         out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,

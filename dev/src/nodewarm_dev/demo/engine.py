@@ -1,6 +1,6 @@
 """Real vLLM as a demo node's serving pod: the rendered vllm container (and its publisher sidecar) started from the
-bound Pod object, with the node's root holding what its agent pulled and restored (testenv/podrun.py), measured
-from the start to the first completion answered.
+bound Pod object, with the node's root holding what its agent pulled and restored
+(nodewarm_dev/testenv/podrun.py), measured from the start to the first completion answered.
 
 Only the runtime is this machine's: the image is the serving environment (``.venv-serving``), the node a folder,
 the GPU a CPU (``NODE_RUNTIME_ENV``, which the rendered Deployment must not carry), the Pod Identity credentials the
@@ -247,6 +247,7 @@ def serve(pod: dict, env: PodEnv, port: int, model: str, *, with_publisher: bool
 
 
 def make_model(dest: Path) -> None:
-    """testenv/tinymodel.py's tiny Llama, made by the serving environment (it has transformers and torch)."""
+    """The tiny Llama of nodewarm_dev.testenv.tinymodel, made by the serving environment (it has transformers and
+    torch)."""
     podrun.require_serving_venv()
     enginenode.make_model(dest)

@@ -3,13 +3,14 @@
 * each node's "NVMe" is a directory of its own (so the bootstrap runs with --allow-non-nvme, and the
   timeline says so), on tmpfs when /dev/shm has room: this machine's disk writes ~100 MB/s, a GPU node's
   NVMe RAID0 several GB/s, and the agent fsyncs every file before it is trusted (the baseline pods'
-  downloads go to the same kind of storage); its kubelet and Karpenter are played by testenv.karpenter,
-  as Karpenter's docs describe;
+  downloads go to the same kind of storage); its kubelet and Karpenter are played by
+  nodewarm_dev.testenv.karpenter, as Karpenter's docs describe;
 * the vLLM Deployment is the rendered one, so the real kube-scheduler decides where replicas are bound;
 * serving, ``engine="vllm"`` (engine.py): the bound Pod's rendered vllm container, start script, argv and env,
-  runs real vLLM (CPU, testenv/tinymodel.py's tiny Llama) as a process whose volumes are bind-mounted from the
-  node's root (testenv/podrun.py), beside its publisher sidecar, which judges the compile-cache hit and records
-  it on the Node. The seed bundle is what "node A" (a first vLLM run) compiled and its publisher published.
+  runs real vLLM (CPU, nodewarm_dev.testenv.tinymodel's tiny Llama) as a process whose volumes are bind-mounted
+  from the node's root (nodewarm_dev.testenv.podrun), beside its publisher sidecar, which judges the compile-cache
+  hit and records it on the Node. The seed bundle is what "node A" (a first vLLM run) compiled and its publisher
+  published.
   ``engine="probe"``: the pod is a pause container and "serving" is a fresh CPU process doing the first
   torch.compile call of a small model against the node's restored Inductor cache (faster, no vLLM needed).
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Compile a small transformer with torch.compile (Inductor, CPU) in a fresh process and report.
 
-Used by tests/test_compile_hit.py, bench/compile_cache.py and `nodewarm demo` as "a node serving a model": each run
-is its own process so nothing in memory can fake a cache hit. Prints one line,
+Used by tests/bootstrap/compilecache/test_compile_hit.py, bench/compile_cache.py and `nodewarm demo` as "a node
+serving a model": each run is its own process so nothing in memory can fake a cache hit. Prints one line,
 ``RESULT:{json}``, with the first-call wall and CPU time, Inductor/AOTAutograd cache counters and the max
 difference from eager mode (a wrong-ISA cache hit shows up there as NaN).
 

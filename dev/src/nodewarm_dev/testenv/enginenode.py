@@ -61,8 +61,8 @@ def evidence(log_text: str) -> EngineEvidence:
 
 
 def make_model(dest: Path, **kw) -> Path:
-    """The tiny Llama (testenv/tinymodel.py) written into ``dest`` by the serving environment, which has torch
-    and transformers; nothing is downloaded."""
+    """The tiny Llama (tinymodel.py, beside this module) written into ``dest`` by the serving environment, which has
+    torch and transformers; nothing is downloaded."""
     import subprocess
 
     args = [f"--{k}={v}" for k, v in kw.items()]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The node agent's compile-cache phase in a fresh process: what it costs and what it imports.
 
-Used by tests/test_publish_restore.py (the phase imports no torch) and bench/compile_cache.py (its seconds).
+Used by tests/bootstrap/compilecache/test_publish_restore.py (the phase imports no torch) and
+bench/compile_cache.py (its seconds).
 A fresh process because a test or bench process has long imported torch for its own use. It imports what
 the agent imports, makes the S3 client the weights phase makes before this one (so botocore's state is
 what the phase finds in the agent), then calls ``restore_for_node`` with the arguments agent._warm passes,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What vLLM's own server argument parser makes of argument lists: run in the serving environment (it imports
-vLLM), as ``python vllmargs.py < request.json``; tests/test_vllm_argv.py drives it.
+vLLM), as ``python vllmargs.py < request.json``; tests/engine/test_vllm_argv.py drives it.
 
 Request: ``{"module": [ARGS, ...], "serve": [ARGS, ...]}``. ``module``: parsed as ``python3 -m
 vllm.entrypoints.openai.api_server ARGS`` parses them (FlexibleArgumentParser + make_arg_parser); ``serve``: as

@@ -137,7 +137,7 @@ def vllm_hashed_env() -> frozenset[str] | None:
 def serving_env(env: Mapping[str, str]) -> dict[str, str]:
     """``relevant_env`` as the serving image sees it: less the ``VLLM_*`` variables vLLM's hash leaves out
     (VLLM_FORCE_AOT_LOAD, VLLM_CPU_KVCACHE_SPACE, a name vLLM does not know, ...). Keying on them would only
-    keep nodes from sharing caches vLLM itself shares (tests/test_engine_cachekey.py). Where vLLM is not
+    keep nodes from sharing caches vLLM itself shares (tests/engine/test_engine_cachekey.py). Where vLLM is not
     importable, every ``VLLM_*`` variable counts: a spurious difference is safe, a missed one is not."""
     out = relevant_env(env)
     hashed = vllm_hashed_env()

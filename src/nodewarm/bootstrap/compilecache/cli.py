@@ -1,6 +1,6 @@
 """CLI for compile caches: `nodewarm bootstrap compile-cache key|keygen|restore|verify-hit` and `nodewarm publish`.
 
-Thin shells over cachekey / signing / restore / hitcheck / publish. bootstrap/cli.py calls
+Thin shells over cachekey / signing / restore / hitcheck / publish. nodewarm/bootstrap/cli.py calls
 ``register_bootstrap`` with the bootstrap subparsers and ``register_top`` with the top-level ones.
 """
 

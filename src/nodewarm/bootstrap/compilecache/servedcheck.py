@@ -8,7 +8,7 @@ its health check and the cache dirs have been quiet for ``quiet_s``, the trees a
 * restored and serving compiled      -> ``miss``: the bundle's generation is marked stale, then this node's
   caches (restored + what serving added) replace it (publish.publish_once, a conditional replace)
 * nothing restored                   -> ``cold``: this node's compile is published if the key has no good bundle
-* vLLM started cold (its start script streamed the model from S3: nodeclasses/servestart.py) -> ``cold``,
+* vLLM started cold (its start script streamed the model from S3: nodewarm/nodeclasses/servestart.py) -> ``cold``,
   ``ColdStart``: it compiled under another model string into a private dir, so the node's cache dirs say
   nothing about a hit; nothing is marked stale and nothing is published
 
