@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
     out = render(p, types)
     if args.diff:
         from nodewarm import livediff
-        from nodewarm.status.cli import api_client_from
+        from nodewarm.controller import credentials
 
-        diff = livediff.read(api_client_from(args.kubeconfig), out.documents)
+        diff = livediff.read(credentials.api_client(args.kubeconfig, in_cluster_first=False), out.documents)
         sys.stdout.write("".join(line + "\n" for line in livediff.report(diff, p.model.size_gb)))
         return livediff.WOULD_DRIFT_EXIT if diff.preview.count() else 0
     if args.with_controller:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 
-from nodewarm.api.errors import NodewarmError
+from . import credentials
 
 HELP = """\
 Watch NodeClaims, Nodes, NodePools, NodeClasses and WarmProfiles, and for every NodePool bound to a
@@ -77,23 +76,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def api_client_from(kubeconfig: str | None):
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=cfg)
-        else:
-            config.load_kube_config(client_configuration=cfg)
-    except (config.ConfigException, OSError) as e:
-        raise NodewarmError(f"cannot load cluster credentials ({e}); pass --kubeconfig FILE or run in a pod with a "
-                            "ServiceAccount", "NoCredentials") from None
-    return client.ApiClient(cfg)
-
-
 def options_from(args: argparse.Namespace):
     from nodewarm import profile
 
@@ -118,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
     if args.once:
         opts = type(opts)(**{**opts.__dict__, "metrics_port": None, "health_port": None})
-    ctl = Controller(api_client_from(args.kubeconfig), opts)
+    ctl = Controller(credentials.api_client(args.kubeconfig, in_cluster_first=True), opts)
     if args.once:
         summary = ctl.run_once()
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)

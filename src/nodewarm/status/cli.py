@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -30,29 +29,6 @@ RBAC_RULES = [
     {"apiGroups": ["nodewarm.io"], "resources": ["warmprofiles"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},   # in `default` only: a Role is enough
 ]
-
-
-def api_client_from(kubeconfig: str | None):
-    """--kubeconfig, else $KUBECONFIG / ~/.kube/config, else in-cluster: a user's command, so files first."""
-    from kubernetes import client, config
-
-    from nodewarm.api.errors import NodewarmError
-
-    cfg = client.Configuration()
-    # $KUBECONFIG read now (the client reads it once, at import); a list of files is merged as kubectl does.
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    try:
-        if path:
-            config.load_kube_config(config_file=path, client_configuration=cfg)
-        else:
-            try:
-                config.load_kube_config(client_configuration=cfg)
-            except (config.ConfigException, OSError):
-                config.load_incluster_config(client_configuration=cfg)
-    except (config.ConfigException, OSError) as e:
-        raise NodewarmError(f"cannot load cluster credentials ({e}); pass --kubeconfig FILE or set $KUBECONFIG",
-                            "NoCredentials") from None
-    return client.ApiClient(cfg)
 
 
 def observe(api_client, node: str | None = None, profile: str | None = None) -> Observed:
@@ -92,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
     from nodewarm.api.errors import NodewarmError
+    from nodewarm.controller import credentials   # here: `nodewarm --help` must not load the controller
 
-    api = api_client_from(args.kubeconfig)
+    api = credentials.api_client(args.kubeconfig, in_cluster_first=False)
     try:
         obs = observe(api, args.node, args.profile)
     except ApiException as e:
