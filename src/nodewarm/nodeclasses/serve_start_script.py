@@ -17,7 +17,7 @@ ARGS are vLLM's (``--model=/models/P`` among them); the script ends by exec'ing 
 ``python3 -m vllm.entrypoints.cli.main serve MODEL ARGS`` (``vllm serve``), or, where that CLI cannot run,
 ``python3 -m vllm.entrypoints.openai.api_server ARGS``.
 
-"Complete" (the node agent's record, written by nodewarm/bootstrap/weights/pipeline.py into DEST/.nodewarm/), all of:
+"Complete" (the node agent's record, written by bootstrap/weights/pipeline.py into DEST/.nodewarm/), all of:
 
 1. ``summary.json`` has ``ok: true`` and ``uri`` == this profile's model URI. The agent replaces it atomically at
    the end of every run: ok=true only when every object under the prefix is present, verified against S3 and
