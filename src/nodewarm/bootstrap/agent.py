@@ -1,5 +1,9 @@
 """The node agent: weights, compile caches and the serving image, together -> the `nodewarm.io/Warm` condition.
 
+(Over 300 lines: the agent's one run is one sequence (three concurrent phases, their timeline, the result and the
+condition it reports); the phases' own work lives in weights, compilecache and imageprepull, and what is here is how
+they are started, timed and reported together.)
+
 This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mode) run as
 `nodewarm bootstrap run`. The three phases share nothing (the weights' folder, the compile-cache folder,
 the kubelet's image store), so they run at once and Warm is reported when the last one ends; the

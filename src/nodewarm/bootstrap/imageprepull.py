@@ -1,5 +1,9 @@
 """Waiting for the kubelet to pull the serving image, before the node reports Warm.
 
+(Just over 300 lines, one concern: the pure verdicts and the watch around them read the same fields of the same pod
+(its init container's image and imageID, its waiting reasons) by the same image-reference rules; apart, how one pod
+is read would be split across two modules.)
+
 The rendered ``<profile>-image-prepull`` DaemonSet (nodewarm/nodeclasses/prepull.py) gives every node of the pool a pod
 whose init container ``serving-image`` runs the serving image's ``/bin/true``: the kubelet pulls the image while
 the agent pulls weights. The agent only reads that pod, with its own identity (the kubelet's on AL2023, whose

@@ -1,6 +1,10 @@
 """The vLLM Deployment and Service, tuned as in the AWS "fast model loading" guide, reading the weights
 nodewarm put on the node's NVMe instead of streaming them from S3 again.
 
+(Over 300 lines: the serving pod is sized as one object (its requests, /dev/shm, the streamer's buffer, probes,
+args, env, and the publisher sidecar with what it runs as), and those quantities are derived from each other: the
+GPUs set the CPU and memory, and the memory bounds the buffer and /dev/shm.)
+
 Deliberate choices:
 * ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)``; ``distributed`` only
   when TP > 1 (with TP = 1 it buys nothing, and it needs the V1 engine).

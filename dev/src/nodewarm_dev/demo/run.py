@@ -1,5 +1,9 @@
 """The demo, step by step. Every part is the real one; only the machines are simulated:
 
+(Over 300 lines: this is the demo's one scenario in the order it runs (seed, bootstrap the nodes, measure the
+baseline, serve); each step hands the next the servers, the profile and the node roots, and the timeline's numbers
+are only comparable because they are taken in one run.)
+
 * each node's "NVMe" is a directory of its own (so the bootstrap runs with --allow-non-nvme, and the
   timeline says so), on tmpfs when /dev/shm has room: this machine's disk writes ~100 MB/s, a GPU node's
   NVMe RAID0 several GB/s, and the agent fsyncs every file before it is trusted (the baseline pods'

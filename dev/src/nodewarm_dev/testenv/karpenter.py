@@ -1,6 +1,10 @@
 """A Karpenter stand-in for the local API server: it plays Karpenter's (and the kubelet's) part of a
 scale-up exactly as shared/reference/karpenter-semantics.md §c describes, and nothing more.
 
+(Over 300 lines: one stand-in for what Karpenter does to NodeClaims and Nodes (scale-up, registration,
+initialization, drift, repair with its budgets, termination), each step the documented semantics; the steps share
+the simulated claims and nodes and the condition helpers, and tests stop between any two of them.)
+
     sim = KarpenterSim(api_client)
     n = sim.scale_up("gpu-pool")             # NodeClaim -> Launched -> Node registers -> Ready -> Registered
     ...                                      # (the node agent reports Warm; the controller lifts the taint)

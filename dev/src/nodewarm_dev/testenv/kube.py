@@ -1,5 +1,9 @@
 """A real kube-apiserver (v1.20.2, built from Debian's source by build-kube.sh) + etcd on 127.0.0.1.
 
+(Over 300 lines: starting the local control plane is one recipe (certificates, tokens, etcd, the API server and its
+CRDs, then the scheduler and controller-manager against it) whose steps share the cluster's certificates, tokens and
+kubeconfigs.)
+
 RBAC and NodeRestriction are on, anonymous auth is off: tests and the demo talk to it exactly as to a
 cluster, with bearer tokens. ``tokens.csv`` holds an admin (system:masters) and one token per simulated
 kubelet (system:nodes), so NodeRestriction is exercised for real. ServiceAccount tokens come from the

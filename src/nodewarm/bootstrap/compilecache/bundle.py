@@ -1,5 +1,8 @@
 """Compile-cache bundles on disk: a deterministic ``.tar.zst`` of named cache roots, and a safe extract.
 
+(Over 300 lines: pack, extract and install are the two sides of one archive format; what extract refuses mirrors
+what pack writes, and install's descriptor-based walk is the last step of the same safe extract.)
+
 An archive holds one top-level folder per cache root (``vllm/`` = ``$VLLM_CACHE_ROOT/torch_compile_cache``,
 ``inductor/``, ``triton/``, ``pch/``). Packing the same tree twice gives the same bytes (sorted names, zeroed
 owners and times, normalised modes, single-threaded zstd), so the archive's sha256 names it.

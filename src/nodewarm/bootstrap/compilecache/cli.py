@@ -1,5 +1,9 @@
 """CLI for compile caches: `nodewarm bootstrap compile-cache key|keygen|restore|verify-hit` and `nodewarm publish`.
 
+(Over 300 lines: the argparse front end of every compile-cache command, mostly descriptions and flags; the commands
+share their flags (the serving spec, --runtime, the cache folders) and the spec and key builders here, each command
+a few lines over them.)
+
 Thin shells over cachekey / signing / restore / hitcheck / publish. nodewarm/bootstrap/cli.py calls
 ``register_bootstrap`` with the bootstrap subparsers and ``register_top`` with the top-level ones.
 """

@@ -1,5 +1,9 @@
 """Publish a node's compile caches: once per key, and again when the current bundle is proven stale.
 
+(Over 300 lines: the publish protocol is one piece. When to publish, the generation and staleness rules and the
+conditional or claimed commit each rely on what the others guarantee about the envelope; split, the argument below
+that two publishers cannot both win would span files.)
+
 The publisher (a sidecar next to vLLM) watches the cache roots with watchdog. When a compile has finished
 (new compiled artifacts on disk, then no file activity for ``quiet_s``) it packs the roots into a
 deterministic bundle, uploads it under its content hash, and commits it by writing the signed envelope

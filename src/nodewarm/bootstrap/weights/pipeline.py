@@ -1,5 +1,9 @@
 """Warm the node with the model: NVMe proof, listing, plan, capacity, pull + verify, load check.
 
+(Over 300 lines: the order of the weights phases and what each hands the next (listing, plan, capacity, pull and
+verify, load check, summary) is one sequence; the phases themselves live in their own modules, and this file is
+their orchestration, the lock that guards it and the record it leaves.)
+
 ``warm_weights`` is what the node agent calls (``nodewarm bootstrap weights`` is a thin CLI over it).
 It returns a ``WeightsSummary`` on success and raises a NodewarmError whose ``reason`` becomes the Node
 condition reason on failure; either way the summary is also written to DEST/.nodewarm/summary.json.

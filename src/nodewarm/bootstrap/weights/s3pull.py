@@ -1,5 +1,9 @@
 """The transfer: parallel ranged GETs across and within files into preallocated temp files.
 
+(Over 300 lines: the transfer is one concurrency design. The shared part queue, each file's state, the journaled
+resume and the verification on the way all coordinate on the same locks and part bookkeeping; split, the invariants
+below would be spread over modules.)
+
 Each file is split into parts; one shared pool of threads works through all parts of all files, so a
 model of one huge file and one of many shards both keep every connection busy. Each thread owns one
 connection and one buffer (rangeget.py): bytes go socket -> buffer -> pwrite, hashed on the way.
