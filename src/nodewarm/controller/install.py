@@ -1,4 +1,4 @@
-"""The Helm chart (deploy/helm/nodewarm), written from controller/manifests.py and nodewarm.schema.crd().
+"""The Helm chart (deploy/helm/nodewarm), written from nodewarm.controller.manifests and nodewarm.api.schema.crd().
 
     python -m nodewarm.controller.install deploy/helm/nodewarm           # (re)write the chart
     python -m nodewarm.controller.install deploy/helm/nodewarm --check   # exit 1 if it differs (tests do this)

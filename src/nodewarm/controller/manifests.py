@@ -16,8 +16,8 @@ What it may do, and why each rule exists:
 
 Besides: a Service in front of the replicas' ``metrics`` port (what a Prometheus scrape or a ServiceMonitor
 selects) and the ServiceMonitor itself (for the Prometheus Operator; the Helm chart renders it only with
-serviceMonitor.enabled, since its CRD may be absent). ``controller/install.py`` writes the Helm chart
-(deploy/helm/nodewarm) from these functions and ``nodewarm.schema.crd()``: they are its one source.
+serviceMonitor.enabled, since its CRD may be absent). ``nodewarm/controller/install.py`` writes the Helm chart
+(deploy/helm/nodewarm) from these functions and ``nodewarm.api.schema.crd()``: they are its one source.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def reconcile(seen: Observed, earlier: tuple[Condition, ...]) -> Step:
     if action == OnDeadline.UNTAINT:
         # The vLLM pods select the profile's generation label: without it they could never land here. The
         # node is marked cold beside it (warm=cold, compile-cache=cold): its local copy is incomplete, so the
-        # vLLM pod's start script (nodeclasses/servestart.py) streams the model from S3 or waits for the copy.
+        # vLLM pod's start script (nodewarm/nodeclasses/servestart.py) streams the model from S3 or waits for the copy.
         gen = generation(p)
         cold = ("streams the model from S3 (cold, through the publisher's identity)" if cold_mode(p) == "stream" else
                 "waits for the agent's copy (the pod has no identity that may read the model from S3)")

@@ -84,7 +84,7 @@ def reconcile(seen: Observed, earlier: tuple[Condition, ...]) -> Step:
            + (f" ({why})" if why else "") + ("; after its deadline (onDeadline=keep)" if kept else ""))
     return Step(
         (gated,), done=True, decision=Decision.UNTAINTED,
-        # The generation label the vLLM pods select on, in this same write (bootstrap/nodestatus.py says why).
+        # The generation label the vLLM pods select on, in this same write (nodewarm/bootstrap/nodestatus.py says why).
         lift=Lift("true", cache, warm_generation(node.annotations)),
         events=seen.events(EventReason.UNTAINTED, msg, claim_message=f"node {node.name}: {msg}"),
         durations=_durations(phase_times(seen.claim, node), seen.now),

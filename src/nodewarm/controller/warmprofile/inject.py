@@ -121,7 +121,7 @@ class Injector:
 
     def drift_preview(self, targets: list[tuple[Resource, dict, dict]]) -> driftpreview.Preview:
         """What applying each ``(resource, live object, SSA body)`` would drift: the one answer `render --diff`
-        also gives (nodeclasses/driftpreview.py), from a live read of the NodeClaims."""
+        also gives (nodewarm/nodeclasses/driftpreview.py), from a live read of the NodeClaims."""
         live, claims = self._live_objects([(res, cur) for res, cur, _ in targets])
         after = [{"kind": res.kind, **driftpreview.objects_after(cur, body)} for res, cur, body in targets]
         return driftpreview.preview(after, live, claims)
