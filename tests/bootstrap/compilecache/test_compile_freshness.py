@@ -26,6 +26,7 @@ from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.api.servingspec import ServingSpec, serving_spec
 from support.builders import v
 from support import paths
+from support.cachetree import node_roots, write_tree
 
 HOSTS = paths.FIXTURES / "hosts"
 HOST_A, HOST_B = HOSTS / "p5-h100-avx512", HOSTS / "g6e-l40s-avx2"
@@ -42,18 +43,11 @@ FAST = publish.PublishSettings(quiet_s=0.3, poll_s=0.1, timeout_s=30, settle_s=2
 HASH = "8f" * 32
 
 
-def _write(root: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-
-
 def _node(tmp_path: Path, name: str, compiled: bool = True, salt: str = "") -> dict[str, Path]:
-    roots = {"vllm": tmp_path / name / "vllm/torch_compile_cache", "inductor": tmp_path / name / "inductor"}
-    if compiled:
-        _write(roots["vllm"], {f"torch_aot_compile/{HASH}/rank_0_0/model": b"aot" + salt.encode()})
-        _write(roots["inductor"], {"fxgraph/cd/fcdkey/entry": b"g" + salt.encode()})
-    return roots
+    if not compiled:
+        return node_roots(tmp_path, name)
+    return node_roots(tmp_path, name, vllm={f"torch_aot_compile/{HASH}/rank_0_0/model": b"aot" + salt.encode()},
+                      inductor={"fxgraph/cd/fcdkey/entry": b"g" + salt.encode()})
 
 
 # --- hardware from this node ---------------------------------------------------------------------------------
@@ -161,7 +155,7 @@ def test_a_bundle_proven_to_miss_in_serving_is_superseded_by_the_next_publish(st
     b = _node(tmp_path, "b", compiled=False)
     got = restore.restore(store, FACTORS_A, b, pub)
     assert (got.status, got.generation) == ("restored", 1)
-    _write(b["inductor"], {"fxgraph/zz/fzznew/entry": b"compiled while serving"})   # serving recompiled
+    write_tree(b["inductor"], {"fxgraph/zz/fzznew/entry": b"compiled while serving"})   # serving recompiled
     reported: list = []
     res = servedcheck.prove_and_publish(store, b, FACTORS_A, priv, {"node": "b"}, got.as_baseline(), lambda: True,
                                         FAST, report=lambda *a: reported.append(a))
@@ -182,7 +176,7 @@ def test_a_new_vllm_hash_dir_marks_the_bundle_stale(store, keys, tmp_path):
     priv, _ = keys
     assert publish.publish_once(store, _node(tmp_path, "a"), FACTORS_A, priv, {}, FAST).status == "published"
     d = _node(tmp_path, "d")
-    _write(d["vllm"], {"d8d288a9e4/rank_0_0/backbone/vllm_compile_cache.py": b"new hash"})
+    write_tree(d["vllm"], {"d8d288a9e4/rank_0_0/backbone/vllm_compile_cache.py": b"new hash"})
     res = publish.publish_once(store, d, FACTORS_A, priv, {}, FAST)
     assert (res.status, res.generation) == ("replaced", 2) and "d8d288a9e4" in res.message
 

@@ -31,6 +31,7 @@ from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publis
 from nodewarm.bootstrap.compilecache.bundle import CacheDirs
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, blob_key, envelope_key, parse_uri
 from support import paths
+from support.cachetree import node_roots, write_tree
 
 pytestmark = pytest.mark.s3
 
@@ -47,23 +48,15 @@ HASH = "8f" * 32
 FAST = publish.PublishSettings(quiet_s=1.0, poll_s=0.2, timeout_s=30, settle_s=2.0)
 
 
-def _write(root: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-
-
 def _node(tmp_path: Path, name: str, compiled: bool = True, salt: str = "") -> dict[str, Path]:
     """A node's cache roots; ``compiled`` fills them as vLLM + Inductor would after a compile."""
-    roots = {"vllm": tmp_path / name / "vllm/torch_compile_cache", "inductor": tmp_path / name / "inductor"}
-    if compiled:
-        _write(roots["vllm"], {
-            f"torch_aot_compile/{HASH}/rank_0_0/model": b"aot artifact" + salt.encode(),
-            f"torch_aot_compile/{HASH}/inductor_cache/fxgraph/ab/fabkey/entry": b"graph",
-            f"torch_aot_compile/{HASH}/inductor_cache/cx/ckernel.so": b"\x7fELF" + salt.encode(),
-        })
-        _write(roots["inductor"], {"fxgraph/cd/fcdkey/entry": b"g", "aotautograd/ef/aefkey/entry": b"a"})
-    return roots
+    if not compiled:
+        return node_roots(tmp_path, name)
+    return node_roots(tmp_path, name, vllm={
+        f"torch_aot_compile/{HASH}/rank_0_0/model": b"aot artifact" + salt.encode(),
+        f"torch_aot_compile/{HASH}/inductor_cache/fxgraph/ab/fabkey/entry": b"graph",
+        f"torch_aot_compile/{HASH}/inductor_cache/cx/ckernel.so": b"\x7fELF" + salt.encode(),
+    }, inductor={"fxgraph/cd/fcdkey/entry": b"g", "aotautograd/ef/aefkey/entry": b"a"})
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -281,7 +274,7 @@ def test_watcher_publishes_after_a_compile_goes_quiet(rclone_store, keys, tmp_pa
         rclone_store, roots, FACTORS, keys[0], {"node": "w"}, FAST)))
     t.start()
     time.sleep(0.5)
-    _write(roots["inductor"], {"locks/x.lock": b""})  # activity, but nothing compiled yet
+    write_tree(roots["inductor"], {"locks/x.lock": b""})  # activity, but nothing compiled yet
     time.sleep(1.5)
     assert t.is_alive() and not rclone_store.list(cachekey.prefix(FACTORS, rclone_store.root))
     _node(tmp_path, "w")  # the compile writes its output
@@ -334,7 +327,7 @@ def test_cli_keygen_publish_restore_verify_hit(aws_env, tmp_path, capsys):
               *dirs, "--log", str(log)]
     assert cli.main(verify) == 0
     assert json.loads(capsys.readouterr().out)["reason"] == "CompileCacheHit"
-    _write(b["inductor"], {"fxgraph/zz/fzznew/entry": b"recompiled"})
+    write_tree(b["inductor"], {"fxgraph/zz/fzznew/entry": b"recompiled"})
     assert cli.main(verify) == 3
     assert json.loads(capsys.readouterr().out)["reason"] == "InductorRecompiled"
 
