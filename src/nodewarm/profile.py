@@ -26,8 +26,8 @@ from .api.errors import ProfileError
 from .api.schema import strict_schema
 from .api.servingspec import checked_extra_args, serving_spec
 from .api.warmprofile import (
-    Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, Injection, Model, NodeLimits, Nodes, Publisher,
-    DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, parse_duration_s,
+    Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, EngineCheck, Injection, Model, NodeLimits, Nodes,
+    Publisher, DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, engine_check_image, parse_duration_s,
 )
 
 
@@ -195,6 +195,10 @@ def from_dict(doc: dict) -> WarmProfile:
             taint_key=r.get("taintKey", defaults.TAINT_KEY),
             deadline=r.get("deadline", defaults.DEADLINE),
             on_deadline=r.get("onDeadline", defaults.ON_DEADLINE),
+            engine_check=EngineCheck(
+                enabled=r.get("engineCheck", {}).get("enabled", default("readiness.engineCheck.enabled")),
+                timeout=r.get("engineCheck", {}).get("timeout", default("readiness.engineCheck.timeout")),
+                image=r.get("engineCheck", {}).get("image")),
         ),
         bootstrap=Bootstrap(
             image=b.get("image"),
@@ -338,12 +342,38 @@ def check_prepull_timeout(p: WarmProfile) -> None:
                            "lengthen the deadline")
 
 
+# What the engine check's timeout must leave of readiness.deadline for the warm-up before it (registration, the
+# agent's start, the weights): at least this, or the deadline would act while the check is still running.
+ENGINE_CHECK_MIN_WARMUP_S = 120
+
+
+def check_engine_check(p: WarmProfile) -> None:
+    """readiness.engineCheck, when enabled: a timeout the deadline leaves room for, and an image with nodewarm."""
+    e, r = p.readiness.engine_check, p.readiness
+    if not e.enabled:
+        return
+    if e.timeout_s + ENGINE_CHECK_MIN_WARMUP_S > r.deadline_s:
+        most = r.deadline_s - ENGINE_CHECK_MIN_WARMUP_S
+        at_most = (f"{most // 60}m" if most % 60 == 0 else f"{most}s") if most > 0 else None
+        raise ProfileError("spec.readiness.engineCheck.timeout", e.timeout,
+                           f"must be shorter than spec.readiness.deadline ({r.deadline}) by at least "
+                           f"{ENGINE_CHECK_MIN_WARMUP_S}s: the deadline counts from registration, and the weights, "
+                           "caches and image come before the check; "
+                           + (f"use at most {at_most} or lengthen the deadline" if at_most else
+                              "lengthen the deadline"))
+    if engine_check_image(p) is None:
+        raise ProfileError("spec.readiness.engineCheck.image", None,
+                           "the check pod runs `nodewarm engine-check`, which boots vLLM: set the serving image with "
+                           "nodewarm installed here (or configure spec.compileCache.publisher, whose image is used)")
+
+
 def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
     check_taint_key(p.readiness.taint_key)
     check_aws(p)
     check_prepull_timeout(p)
+    check_engine_check(p)
     check_nodepool(p)
     for i, name in enumerate(n.instance_types):
         if name not in types:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import NodewarmError, ProfileError
+from nodewarm.api.names import CONTROLLER_NAMESPACE
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.nodeclasses import crdvalidate
 from nodewarm.nodeclasses.render import render
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(deviceplugin.commands(args.device_plugin_patch, p.readiness.taint_key))
         return 0
-    out = render(p, types)
+    out = render(p, types, args.controller_namespace)
     if args.diff:
         from nodewarm import livediff
         from nodewarm.controller import credentials
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
         # Not the CRD: kubectl maps every document of one apply before it creates any, so a WarmProfile in the
         # same stream as its CRD fails on a first install ("no matches for kind"). `render --crd` goes first.
-        out.documents[:0] = manifests.render(args.with_controller)
+        out.documents[:0] = manifests.render(args.with_controller, args.controller_namespace)
     if args.crds:
         crd_files = sorted(Path(args.crds).glob("*.yaml"))
         report = crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files))
@@ -170,6 +171,10 @@ def register(sub) -> None:
     r.add_argument("--with-controller", metavar="IMAGE",
                    help="also render the controller (Namespace, least-privilege RBAC, 2-replica Deployment) "
                         "running IMAGE; the CRD comes from --crd, applied first")
+    r.add_argument("--controller-namespace", default=CONTROLLER_NAMESPACE, metavar="NAMESPACE",
+                   help="the namespace the controller runs in (its Helm release's; default %(default)s): "
+                        "--with-controller installs it there, and spec.readiness.engineCheck binds its Role in "
+                        "the serving namespace to the controller's ServiceAccount there")
     r.add_argument("--diff", action="store_true",
                    help="apply nothing: print which live NodeClaims applying the rendered NodePool/NodeClass would "
                         "drift (Karpenter replaces them) and why; exit 3 if any would")

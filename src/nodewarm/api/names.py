@@ -45,3 +45,9 @@ WARM_LABEL = "nodewarm.io/warm"
 # `nodewarm status` shows a held profile's nodes by them).
 CLEANUP_FINALIZER = "nodewarm.io/cleanup"
 CLEANUP_CONDITION = "Cleanup"
+
+# The controller's ServiceAccount (its Deployment and RBAC, nodewarm/controller/manifests.py) and the namespace it is
+# installed in unless told otherwise (the Helm chart's release namespace; `nodewarm render --controller-namespace`):
+# a profile's engine check binds a Role in the serving namespace to it (nodewarm/nodeclasses/enginecheck.py).
+CONTROLLER_NAME = "nodewarm-controller"
+CONTROLLER_NAMESPACE = "nodewarm"

@@ -131,10 +131,23 @@ class CompileCache:
 
 
 @dataclass(frozen=True)
+class EngineCheck:
+    """spec.readiness.engineCheck: vLLM boots on the node before it reports Warm (nodewarm.api.enginecheck)."""
+    enabled: bool
+    timeout: str
+    image: str | None              # None: the publisher's image (engine_check_image)
+
+    @property
+    def timeout_s(self) -> int:
+        return parse_duration_s(self.timeout)
+
+
+@dataclass(frozen=True)
 class Readiness:
     taint_key: str
     deadline: str
     on_deadline: str               # untaint | replace | keep
+    engine_check: EngineCheck
 
     @property
     def deadline_s(self) -> int:
@@ -216,3 +229,13 @@ def cold_mode(p: WarmProfile) -> str:
     if p.compile_cache.publisher is not None and p.aws.identity in ("podIdentity", "irsa"):
         return "stream"
     return "wait"
+
+
+def engine_check_image(p: WarmProfile) -> str | None:
+    """The image the engine-check pod runs: it must hold nodewarm (the pod runs `nodewarm engine-check`) and the
+    serving runtime (it boots vLLM). engineCheck.image, else the publisher's image, which is already required to be
+    the serving image with nodewarm installed; None when neither is set (profile.check_engine_check refuses it)."""
+    e = p.readiness.engine_check
+    if e.image:
+        return e.image
+    return p.compile_cache.publisher.image if p.compile_cache.publisher is not None else None

@@ -69,6 +69,9 @@ EC2NODECLASSES = Resource("karpenter.k8s.aws", "v1", "ec2nodeclasses", "EC2NodeC
 AUTOMODE_NODECLASSES = Resource("eks.amazonaws.com", "v1", "nodeclasses", "NodeClass")
 WARMPROFILES = Resource("nodewarm.io", "v1alpha1", "warmprofiles", "WarmProfile")
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+# The engine check's, in a profile's serving namespace only (nodewarm/controller/enginecheck.py): its Role is there.
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+PODTEMPLATES = Resource("", "v1", "podtemplates", "PodTemplate", namespaced=True)
 # Listed and watched across all namespaces (/apis/apps/v1/daemonsets): the device plugins (warmprofile/deviceplugins.py).
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
 

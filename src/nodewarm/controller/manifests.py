@@ -22,7 +22,9 @@ serviceMonitor.enabled, since its CRD may be absent). ``nodewarm/controller/inst
 
 from __future__ import annotations
 
-NAME = "nodewarm-controller"
+from nodewarm.api.names import CONTROLLER_NAME, CONTROLLER_NAMESPACE
+
+NAME = CONTROLLER_NAME
 
 
 def _rule(groups, resources, verbs, names=None) -> dict:
@@ -46,7 +48,7 @@ def cluster_rules() -> list[dict]:
     ]
 
 
-def rbac(namespace: str = "nodewarm", events_namespace: str = "default") -> list[dict]:
+def rbac(namespace: str = CONTROLLER_NAMESPACE, events_namespace: str = "default") -> list[dict]:
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
     sa = {"kind": "ServiceAccount", "name": NAME, "namespace": namespace}
     meta = lambda ns=None, name=NAME: {"name": name, **({"namespace": ns} if ns else {}), "labels": labels}  # noqa: E731
@@ -69,7 +71,7 @@ def rbac(namespace: str = "nodewarm", events_namespace: str = "default") -> list
     ]
 
 
-def deployment(image: str, namespace: str = "nodewarm", replicas: int = 2, metrics_port: int = 8080,
+def deployment(image: str, namespace: str = CONTROLLER_NAMESPACE, replicas: int = 2, metrics_port: int = 8080,
                health_port: int = 8081, extra_args: tuple[str, ...] = ()) -> dict:
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
     args = ["controller", "--leader-elect", f"--lease-namespace={namespace}", f"--metrics-port={metrics_port}",
@@ -111,7 +113,7 @@ def deployment(image: str, namespace: str = "nodewarm", replicas: int = 2, metri
     }
 
 
-def metrics_service(namespace: str = "nodewarm", metrics_port: int = 8080) -> dict:
+def metrics_service(namespace: str = CONTROLLER_NAMESPACE, metrics_port: int = 8080) -> dict:
     """A ClusterIP Service over every replica's ``metrics`` port (each replica serves /metrics, leader or not)."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
     return {
@@ -122,7 +124,7 @@ def metrics_service(namespace: str = "nodewarm", metrics_port: int = 8080) -> di
     }
 
 
-def service_monitor(namespace: str = "nodewarm") -> dict:
+def service_monitor(namespace: str = CONTROLLER_NAMESPACE) -> dict:
     """The Prometheus Operator's ServiceMonitor for :func:`metrics_service` (needs monitoring.coreos.com/v1)."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
     return {
@@ -133,7 +135,7 @@ def service_monitor(namespace: str = "nodewarm") -> dict:
     }
 
 
-def render(image: str, namespace: str = "nodewarm", replicas: int = 2) -> list[dict]:
+def render(image: str, namespace: str = CONTROLLER_NAMESPACE, replicas: int = 2) -> list[dict]:
     """Everything to run the controller, in apply order (Namespace first)."""
     ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
     return [ns, *rbac(namespace), metrics_service(namespace), deployment(image, namespace, replicas)]

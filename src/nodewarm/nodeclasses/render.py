@@ -11,11 +11,12 @@ import copy
 from dataclasses import dataclass
 
 from nodewarm.api.errors import ProfileError
+from nodewarm.api.names import CONTROLLER_NAMESPACE
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
 from nodewarm.userdata import daemonset
 
-from . import agentaccess, automode, ec2nodeclass, iam, identity, nodepool, prepull, vllm
+from . import agentaccess, automode, ec2nodeclass, enginecheck, iam, identity, nodepool, prepull, vllm
 from .launch import bootstrap_launch
 
 
@@ -42,7 +43,9 @@ def bootstrap_image(p: WarmProfile) -> str:
     return p.bootstrap.image
 
 
-def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
+def render(p: WarmProfile, types: dict[str, InstanceType], controller_namespace: str = CONTROLLER_NAMESPACE) -> Rendered:
+    """``controller_namespace``: where the controller runs, for the engine check's RoleBinding (only with
+    spec.readiness.engineCheck)."""
     docs: list[dict] = [warmprofile_document(p)]
     budget = None
     if p.nodes.mode == "karpenter":
@@ -68,6 +71,8 @@ def render(p: WarmProfile, types: dict[str, InstanceType]) -> Rendered:
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
     docs.append(vllm.start_script_configmap(p))   # the vLLM container's start script, before its Deployment
     docs += [vllm.deployment(p, types), vllm.service(p), vllm.pod_disruption_budget(p)]
+    # Last, and nothing at all unless enabled: a profile without the check renders what it always did.
+    docs += enginecheck.manifests(p, types, controller_namespace)
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)
 
 

@@ -1,0 +1,138 @@
+"""The engine check's objects (``spec.readiness.engineCheck``): the check pod's PodTemplate, and the Role that lets
+the controller create pods from it in the serving namespace. Pure; `nodewarm render` adds them only when enabled.
+
+Why a PodTemplate the controller instantiates, not a pod the agent creates: on AL2023 the agent acts as the node,
+and NodeRestriction lets a node create only mirror pods. The controller creates the pod for a node's request
+(nodewarm/controller/enginecheck.py) from the live PodTemplate, so what was rendered and applied is what runs.
+
+The pod is the serving pod's vLLM container, not a copy of it: the same ServiceAccount (the serving pod's identity
+and nothing more), the same mounts (weights read-only, start script, compile caches, /dev/shm, the start record),
+the same requests and limits (GPUs included), the same env plus vLLM's strict AOT mode, the same command and args
+handed to the runner after ``--``. What differs, and why:
+
+* the image: the runner (`nodewarm engine-check`) must be in it, so it is engineCheck.image or the publisher's
+  (api.warmprofile.engine_check_image), the serving image with nodewarm installed;
+* tolerations: the serving pod's (the GPU taint) and the startup taint, nothing else: it must land on a node
+  that is not Warm yet, and nowhere else;
+* no generation nodeSelector (the node has no generation label before it is Warm) and no node at all here: the
+  controller binds each pod to its node by required node affinity on metadata.name, as DaemonSet pods are bound,
+  so the scheduler still accounts the GPUs it takes;
+* no publisher sidecar and no signing key: the runner never signs; with a publisher its identity may mark a
+  bundle that did not load stale (``--uri``), as the publisher's own miss does;
+* no init container (the agent asks for the check only once its copy is complete), no probes and no port (the
+  runner talks to vLLM on the pod's loopback), ``restartPolicy: Never`` and an ``activeDeadlineSeconds`` a little
+  over the timeout, so a hung boot ends; the Result is the container's termination message.
+
+Nothing here touches a NodePool, a NodeClass or user data: enabling the check drifts no node.
+"""
+
+from __future__ import annotations
+
+from nodewarm.api import enginecheck as contract
+from nodewarm.api.names import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MANAGED_BY, PROFILE_LABEL
+from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs
+from nodewarm.api.warmprofile import WarmProfile, engine_check_image
+from nodewarm.instancetypes import InstanceType
+
+from . import servestart, vllm
+from .nodepool import startup_taint
+
+# activeDeadlineSeconds over the runner's own timeout: the runner stops vLLM and writes its Result at the timeout;
+# the kubelet kills the pod only when that itself hangs.
+GRACE_S = 60
+
+
+def _labels(p: WarmProfile) -> dict[str, str]:
+    return {**contract.labels(p.name), PROFILE_LABEL: p.name, MANAGED_BY: "nodewarm"}
+
+
+def runner_args(p: WarmProfile, vllm_container: dict) -> contract.RunnerArgs:
+    """`nodewarm engine-check`'s flags: the vLLM container's command and args after ``--``, the cache layout the
+    agent restored into, and where a miss may be marked (only with a publisher: only its identity may write)."""
+    d = cache_dirs(CACHE_MOUNT)
+    with_record = any(m["name"] == servestart.RECORD_VOLUME for m in vllm_container["volumeMounts"])
+    return contract.RunnerArgs(
+        port=p.serving.port, served_model_name=p.name, timeout_s=p.readiness.engine_check.timeout_s,
+        baseline=f"{CACHE_MOUNT}/{BASELINE_FILE}", vllm_cache_root=str(d["vllm"]), inductor_dir=str(d["inductor"]),
+        triton_dir=str(d["triton"]), pch_dir=str(d["pch"]),
+        engine=(*vllm_container["command"], *vllm_container["args"]),
+        cache_uri=p.compile_cache.uri if p.compile_cache.publisher is not None else None,
+        start_record=servestart.RECORD_FILE if with_record else None)
+
+
+def env(p: WarmProfile, vllm_container: dict) -> list[dict]:
+    """vLLM's env, its strict mode, and what the publisher's container adds: the region (the pod cannot read
+    instance metadata) and the node's name."""
+    strict = [{"name": k, "value": v} for k, v in contract.STRICT_ENV.items()]
+    region = [{"name": "AWS_REGION", "value": p.nodes.region},
+              {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region}] if p.nodes.region else []
+    node = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    return [*vllm_container["env"], *strict, *region, *node]
+
+
+def tolerations(p: WarmProfile, serving: dict) -> list[dict]:
+    taint = startup_taint(p)
+    return [*serving["tolerations"], {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}]
+
+
+def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
+    """The check pod's spec, from the serving pod's (vllm.pod_spec)."""
+    serving = vllm.pod_spec(p, types)
+    c = serving["containers"][0]
+    mounted = {m["name"] for m in c["volumeMounts"]}
+    spec: dict = {}
+    if "serviceAccountName" in serving:
+        spec["serviceAccountName"] = serving["serviceAccountName"]
+    spec.update({
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": p.readiness.engine_check.timeout_s + GRACE_S,
+        "tolerations": tolerations(p, serving),
+        "containers": [{
+            "name": contract.CONTAINER,
+            "image": engine_check_image(p),
+            "command": ["nodewarm", "engine-check"],
+            "args": runner_args(p, c).to_argv(),
+            "env": env(p, c),
+            "resources": c["resources"],
+            "volumeMounts": c["volumeMounts"],
+            "terminationMessagePath": contract.TERMINATION_LOG,
+            "terminationMessagePolicy": "File",
+        }],
+        "volumes": [v for v in serving["volumes"] if v["name"] in mounted],
+    })
+    return spec
+
+
+def pod_template(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": contract.template_name(p.name), "namespace": p.serving.namespace,
+                         "labels": _labels(p)},
+            "template": {"metadata": {"labels": contract.labels(p.name)}, "spec": pod_spec(p, types)}}
+
+
+# Exactly what the controller does in the serving namespace for the check: create the pod from the template, find
+# a node's pods, delete them once answered. Nothing cluster-wide: its ClusterRole has no pods.
+RULES = ({"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},)
+
+
+def controller_rbac(p: WarmProfile, controller_namespace: str = CONTROLLER_NAMESPACE) -> list[dict]:
+    """The Role and RoleBinding (serving namespace) for the controller's ServiceAccount in ``controller_namespace``
+    (where it is installed: the Helm release's namespace)."""
+    name = f"{CONTROLLER_NAME}-{contract.template_name(p.name)}"
+    meta = {"name": name, "namespace": p.serving.namespace, "labels": _labels(p)}
+    rules = [dict(r) for r in RULES] + [{"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get"],
+                                         "resourceNames": [contract.template_name(p.name)]}]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": controller_namespace}]},
+    ]
+
+
+def manifests(p: WarmProfile, types: dict[str, InstanceType] | None = None,
+              controller_namespace: str = CONTROLLER_NAMESPACE) -> list[dict]:
+    """What `nodewarm render` adds for the engine check: nothing unless spec.readiness.engineCheck.enabled."""
+    if not p.readiness.engine_check.enabled:
+        return []
+    return [*controller_rbac(p, controller_namespace), pod_template(p, types)]

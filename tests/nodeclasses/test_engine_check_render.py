@@ -1,0 +1,219 @@
+"""The engine check's rendered objects (nodewarm/nodeclasses/enginecheck.py): the check pod is the serving pod's vLLM
+container with the runner in front, tolerating exactly the GPU and startup taints; the controller gets pods only in
+the serving namespace; a profile without the check renders what it always did, and toggling it drifts no node."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import pytest
+
+from nodewarm import instancetypes, profile
+from nodewarm.api import enginecheck as contract
+from nodewarm.api.errors import ProfileError
+from nodewarm.api.names import CONTROLLER_NAME, GPU_TAINT
+from nodewarm.controller import manifests
+from nodewarm.nodeclasses import enginecheck, karpenterhash, servestart, vllm
+from nodewarm.nodeclasses.render import render
+from support.builders import v
+
+PUBLISHER = {"image": "registry.example/vllm-nodewarm:0.21.0", "signingKeySecret": "cc-key"}
+VERIFY = "A" * 43 + "="
+CHECK_IMAGE = "registry.example/vllm-nodewarm:check"
+
+
+def loaded(doc):
+    p = profile.from_dict(doc)
+    types = instancetypes.lookup(list(p.nodes.instance_types))
+    profile.check(p, types)
+    return p, types
+
+
+def with_publisher(**kw) -> dict:
+    return v(spec__compileCache__publisher=PUBLISHER, spec__compileCache__verifyKey=VERIFY, **kw)
+
+
+def by_kind(docs, kind) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.fixture(params=["publisher", "image-only"])
+def checked(request):
+    """A profile with the check on: with a publisher (its image, its identity), or with only engineCheck.image."""
+    if request.param == "publisher":
+        doc = with_publisher(spec__readiness__engineCheck={"enabled": True, "timeout": "8m"})
+    else:
+        doc = v(spec__readiness__engineCheck={"enabled": True, "timeout": "8m", "image": CHECK_IMAGE})
+    return loaded(doc)
+
+
+def test_the_check_pod_is_the_serving_container_behind_the_runner(checked):
+    p, types = checked
+    serving = vllm.pod_spec(p, types)
+    c_serving = serving["containers"][0]
+    t = enginecheck.pod_template(p, types)
+    assert t["kind"] == "PodTemplate" and t["metadata"]["namespace"] == p.serving.namespace
+    assert t["metadata"]["name"] == contract.template_name(p.name)
+    assert t["template"]["metadata"]["labels"] == contract.labels(p.name)
+    spec = t["template"]["spec"]
+    # The serving pod's identity and nothing more (none without a publisher: the namespace's default, as serving).
+    assert spec.get("serviceAccountName") == serving.get("serviceAccountName")
+    assert ("serviceAccountName" in spec) == (p.compile_cache.publisher is not None)
+    # Exactly the GPU taint and the startup taint.
+    assert spec["tolerations"] == [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+                                   {"key": p.readiness.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+    # No node and no generation selector: the controller binds each pod (the node has no generation label yet).
+    assert "nodeSelector" not in spec and "affinity" not in spec and "nodeName" not in spec
+    assert spec["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == 8 * 60 + enginecheck.GRACE_S
+    assert "initContainers" not in spec
+    [c] = spec["containers"]
+    assert c["name"] == contract.CONTAINER
+    assert c["image"] == (PUBLISHER["image"] if p.compile_cache.publisher else CHECK_IMAGE)
+    assert c["command"] == ["nodewarm", "engine-check"]
+    assert c["terminationMessagePolicy"] == "File" and c["terminationMessagePath"] == contract.TERMINATION_LOG
+    assert c["resources"] == c_serving["resources"] and c["resources"]["limits"]["nvidia.com/gpu"]
+    assert c["volumeMounts"] == c_serving["volumeMounts"]
+    weights = next(m for m in c["volumeMounts"] if m["name"] == "weights")
+    assert weights["readOnly"] is True
+    # The serving pod's volumes less what the check does not mount: no signing key, ever.
+    assert [x["name"] for x in spec["volumes"]] == [x["name"] for x in serving["volumes"] if x["name"] != "signing-key"]
+    assert "probes" not in c and "startupProbe" not in c and "ports" not in c
+
+
+def test_env_is_the_serving_env_plus_strict_mode_region_and_node(checked):
+    p, types = checked
+    c_serving = vllm.pod_spec(p, types)["containers"][0]
+    c = enginecheck.pod_template(p, types)["template"]["spec"]["containers"][0]
+    n = len(c_serving["env"])
+    assert c["env"][:n] == c_serving["env"]
+    rest = c["env"][n:]
+    assert rest == [*({"name": k, "value": val} for k, val in contract.STRICT_ENV.items()),
+                    {"name": "AWS_REGION", "value": p.nodes.region}, {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region},
+                    {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+def test_the_rendered_argv_parses_back_to_what_was_rendered(checked):
+    p, types = checked
+    c_serving = vllm.pod_spec(p, types)["containers"][0]
+    c = enginecheck.pod_template(p, types)["template"]["spec"]["containers"][0]
+    parser = argparse.ArgumentParser()
+    contract.add_runner_flags(parser)
+    got = contract.runner_args(parser.parse_args(c["args"]))
+    assert got == enginecheck.runner_args(p, c_serving)
+    assert got.engine == (*c_serving["command"], *c_serving["args"])
+    assert got.timeout_s == 8 * 60 and got.port == p.serving.port and got.served_model_name == p.name
+    if p.compile_cache.publisher:
+        # Only the publisher's identity may mark a bundle stale; the start record is in the pod with it.
+        assert got.cache_uri == p.compile_cache.uri and got.start_record == servestart.RECORD_FILE
+    else:
+        assert got.cache_uri is None and got.start_record is None
+
+
+def test_the_controller_gets_pods_in_the_serving_namespace_only(checked):
+    p, types = checked
+    docs = render(p, types, controller_namespace="ops").documents
+    [role], [binding] = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == p.serving.namespace
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get"],
+         "resourceNames": [contract.template_name(p.name)]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": CONTROLLER_NAME, "namespace": "ops"}]
+    assert manifests.NAME == CONTROLLER_NAME
+    # The ClusterRole stays as it was: no pods anywhere else.
+    assert not any("pods" in r["resources"] or "podtemplates" in r["resources"] for r in manifests.cluster_rules())
+
+
+def test_off_by_default_renders_nothing_more():
+    p, types = loaded(with_publisher())
+    assert not p.readiness.engine_check.enabled and p.readiness.engine_check.timeout == "10m"
+    on, off = (loaded(with_publisher(spec__readiness__engineCheck={"enabled": e})) for e in (True, False))
+    # Past the WarmProfile itself (which says what the user wrote), the same objects; the check's appended.
+    base = render(p, types).documents[1:]
+    assert render(*off).documents[1:] == base
+    docs = render(*on).documents[1:]
+    assert docs[:len(base)] == base
+    assert [d["kind"] for d in docs[len(base):]] == ["Role", "RoleBinding", "PodTemplate"]
+    assert enginecheck.manifests(p, types) == []
+
+
+@pytest.mark.parametrize("mode", ["karpenter", "automode"])
+def test_toggling_the_check_changes_no_node_object_and_no_drift_hash(mode):
+    def node_objects(enabled: bool):
+        doc = v(mode, spec__compileCache__publisher=PUBLISHER, spec__compileCache__verifyKey=VERIFY,
+                spec__readiness__engineCheck={"enabled": enabled})
+        p, types = loaded(doc)
+        docs = render(p, types).documents
+        return [d for d in docs if d["kind"] in ("NodePool", "EC2NodeClass", "NodeClass", "DaemonSet")]
+
+    off, on = node_objects(False), node_objects(True)
+    assert on == off
+    for a, b in zip(off, on):
+        if a["kind"] in ("NodePool", "EC2NodeClass"):
+            assert karpenterhash.stamped_hash(a).value == karpenterhash.stamped_hash(b).value
+
+
+# --- the profile's checks --------------------------------------------------------------------------------------
+
+
+def test_a_timeout_the_deadline_leaves_no_room_for_is_refused():
+    with pytest.raises(ProfileError) as e:
+        loaded(with_publisher(spec__readiness__engineCheck={"enabled": True, "timeout": "19m"}))
+    assert e.value.field == "spec.readiness.engineCheck.timeout"
+    assert "spec.readiness.deadline (20m)" in str(e.value) and "at most 18m" in str(e.value)
+    with pytest.raises(ProfileError, match="lengthen the deadline"):
+        loaded(with_publisher(spec__readiness__deadline="2m", spec__readiness__engineCheck={"enabled": True,
+                                                                                           "timeout": "1m"}))
+    # Off, the timeout is not the deadline's business.
+    loaded(with_publisher(spec__readiness__engineCheck={"enabled": False, "timeout": "19m"}))
+    loaded(with_publisher(spec__readiness__engineCheck={"enabled": True, "timeout": "18m"}))
+
+
+def test_the_check_needs_an_image_with_nodewarm():
+    with pytest.raises(ProfileError) as e:
+        loaded(v(spec__readiness__engineCheck={"enabled": True}))
+    assert e.value.field == "spec.readiness.engineCheck.image"
+    assert "compileCache.publisher" in str(e.value)
+    p, _ = loaded(v(spec__readiness__engineCheck={"enabled": True, "image": CHECK_IMAGE}))
+    assert p.readiness.engine_check.image == CHECK_IMAGE
+    p, _ = loaded(with_publisher(spec__readiness__engineCheck={"enabled": True, "image": CHECK_IMAGE}))
+    assert enginecheck.pod_template(p)["template"]["spec"]["containers"][0]["image"] == CHECK_IMAGE
+
+
+@pytest.mark.parametrize("field, value", [("timeout", "10 minutes"), ("timeout", "0m"), ("enabled", "yes"),
+                                          ("image", ""), ("imag", "x")])
+def test_the_schema_refuses_bad_fields(field, value):
+    with pytest.raises(ProfileError) as e:
+        profile.from_dict(with_publisher(spec__readiness__engineCheck={"enabled": True, field: value}))
+    assert "spec.readiness.engineCheck" in e.value.field
+
+
+def test_the_crd_carries_the_field_with_its_defaults():
+    from nodewarm.api.schema import crd
+
+    ec = (crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+          ["readiness"]["properties"]["engineCheck"])
+    assert ec["properties"]["enabled"]["default"] is False and ec["properties"]["timeout"]["default"] == "10m"
+
+
+@pytest.mark.kube
+def test_the_api_server_accepts_the_rendered_objects(kube, k):
+    """A server-side dry run of the PodTemplate, Role and RoleBinding: the real API server's validation."""
+    from nodewarm.controller.kube import PODTEMPLATES
+    from support.controller_fixtures import uniq
+    from support.rbac import KINDS, apply_replacing
+
+    ns = uniq("llm")
+    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+    p, types = loaded(with_publisher(spec__serving__namespace=ns, spec__readiness__engineCheck={"enabled": True}))
+    for d in enginecheck.manifests(p, types):
+        res = KINDS.get(d["kind"]) or PODTEMPLATES
+        out = k.request("POST", res.path(None, ns), query={"dryRun": "All"}, body=copy.deepcopy(d))
+        assert out["metadata"]["name"] == d["metadata"]["name"]
+        if d["kind"] == "PodTemplate":
+            # Nothing the server would drop or rewrite: the template comes back as rendered (plus defaults).
+            assert out["template"]["spec"]["containers"][0]["args"] == d["template"]["spec"]["containers"][0]["args"]
+            assert out["template"]["spec"]["tolerations"] == d["template"]["spec"]["tolerations"]
