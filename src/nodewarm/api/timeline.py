@@ -30,6 +30,14 @@ class Timeline(StrEnum):
     GPUS_WAIT_STARTED = "gpus_wait_started"
     GPUS_ADVERTISED = "gpus_advertised"
     GPUS_WAIT_ENDED = "gpus_wait_ended"          # ended without the GPUs advertised
+    # readiness.engineCheck (nodewarm.api.enginecheck): asked for once the steps above ended; vLLM's process start,
+    # its /health answering and the first completion back are the runner's clock readings on this node.
+    ENGINE_CHECK_REQUESTED = "engine_check_requested"
+    ENGINE_STARTED = "engine_started"
+    ENGINE_READY = "engine_ready"
+    ENGINE_FIRST_TOKEN = "engine_first_token"
+    ENGINE_CHECK_PASSED = "engine_check_passed"
+    ENGINE_CHECK_FAILED = "engine_check_failed"
     WARM_REPORTED = "warm_reported"              # sub-second: the controller times register_to_warm by it
 
 
@@ -49,4 +57,5 @@ AGENT_STEPS: tuple[Step, ...] = (
     Step("pre-pull serving image", Timeline.IMAGE_PREPULL_STARTED,
          (Timeline.IMAGE_PREPULL_DONE, Timeline.IMAGE_PREPULL_ENDED)),
     Step("wait for GPUs advertised", Timeline.GPUS_WAIT_STARTED, (Timeline.GPUS_ADVERTISED, Timeline.GPUS_WAIT_ENDED)),
+    Step("engine check", Timeline.ENGINE_CHECK_REQUESTED, (Timeline.ENGINE_CHECK_PASSED, Timeline.ENGINE_CHECK_FAILED)),
 )
