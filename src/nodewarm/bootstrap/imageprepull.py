@@ -21,9 +21,7 @@ returns them in, a verdict out); ``wait_for_image`` is the thin I/O around them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import re
 import threading
 import time
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 from nodewarm import logs
 from nodewarm.api import prepullpod
 
-from .profilesource import _request, watch_events
+from . import podwatch
 
 log = logs.get("bootstrap.imageprepull")
 
@@ -41,8 +39,6 @@ log = logs.get("bootstrap.imageprepull")
 PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff")
 # A name the kubelet cannot parse never becomes pullable by waiting.
 INVALID = "InvalidImageName"
-# Longest single watch: ``stop`` is honoured between events and at the latest when a watch ends.
-WATCH_WINDOW_S = 15
 _CONTENT_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -193,45 +189,17 @@ def deadline_result(pod: dict | None, image: str, deadline_s: float, *, namespac
 
 
 # -- I/O with the agent's identity ----------------------------------------------------------------------------
-def _pods_path(namespace: str) -> str:
-    return f"/api/v1/namespaces/{namespace}/pods"
-
-
-def _list(api_client, namespace: str, query: list) -> dict:
-    return _request(api_client, "GET", _pods_path(namespace), query)
-
-
-def _watch(api_client, namespace: str, query: list, resource_version: str, window_s: int):
-    """Events (type, object) from ``resource_version`` until the server ends the watch after ``window_s``."""
-    q = query + [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
-                 ("timeoutSeconds", str(window_s))]
-    yield from watch_events(_request(api_client, "GET", _pods_path(namespace), q, timeout=(5, window_s + 10),
-                                     stream=True))
-
-
-class _Gone(Exception):
-    """The watch's resume point left the server's window (410): list again."""
-
-
 def wait_for_image(api_client, node_name: str, image: str, *, namespace: str, profile: str,
                    deadline_s: float, stop: threading.Event | None = None) -> PrepullResult:
     """Wait until the kubelet on ``node_name`` has pulled ``image`` for the profile's pre-pull pod, it cannot,
     ``deadline_s`` passes or ``stop`` is set. Never raises for the API: a refusal (401/403/404) ends the wait as
-    ``failed``; other errors are retried until the deadline."""
-    import urllib3
+    ``failed``; other errors are retried until the deadline (podwatch.follow)."""
     from kubernetes.client.exceptions import ApiException
 
     stop = stop or threading.Event()
     start = time.monotonic()
     query = [("fieldSelector", f"spec.nodeName={node_name}"), ("labelSelector", prepullpod.label_selector(profile))]
-    pods: dict[str, dict] = {}
-    rv = ""                 # resume point of the watch; empty: list first
     seen = ("", "")
-    last_error: str | None = None
-    backoff = 1.0
-
-    def left() -> float:
-        return deadline_s - (time.monotonic() - start)
 
     def done(r: PrepullResult) -> PrepullResult:
         r = dataclasses.replace(r, seconds=round(time.monotonic() - start, 3))
@@ -239,7 +207,7 @@ def wait_for_image(api_client, node_name: str, image: str, *, namespace: str, pr
                  seconds=r.seconds, image_id=r.image_id)
         return r
 
-    def look() -> PrepullResult | None:
+    def look(pods: dict[str, dict]) -> PrepullResult | None:
         nonlocal seen
         pod = pick(list(pods.values()), image)
         now = state(pod, image)
@@ -250,60 +218,23 @@ def wait_for_image(api_client, node_name: str, image: str, *, namespace: str, pr
 
     log.info("imageprepull.waiting", node=node_name, image=image, namespace=namespace, profile=profile,
              deadline_s=deadline_s)
-    while True:
-        if stop.is_set():
-            return done(_result("skipped", "PrepullStopped", f"stopped before {image} was seen on the node", image))
-        if left() <= 0:
-            if last_error:
-                return done(_result("failed", "PrepullApiError", f"could not read the image pre-pull pod until the "
-                                    f"deadline: {last_error}; vLLM pulls {image} when it lands", image))
-            return done(deadline_result(pick(list(pods.values()), image), image, deadline_s,
-                                        namespace=namespace, profile=profile))
-        try:
-            if not rv:
-                listed = _list(api_client, namespace, query)
-                pods = {_name(p): p for p in listed.get("items") or ()}
-                rv = (listed.get("metadata") or {}).get("resourceVersion", "")
-                verdict = look()
-                if verdict:
-                    return done(verdict)
-            window = max(1, math.ceil(min(left(), WATCH_WINDOW_S)))
-            log.info("imageprepull.watch", node=node_name, resource_version=rv, window_s=window)
-            with contextlib.closing(_watch(api_client, namespace, query, rv, window)) as events:
-                for kind, obj in events:
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise _Gone()
-                        raise ApiException(status=obj.get("code", 500), reason=obj.get("message"))
-                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
-                    if kind == "DELETED":
-                        pods.pop(_name(obj), None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        pods[_name(obj)] = obj
-                    verdict = look()
-                    if verdict:
-                        return done(verdict)
-                    if stop.is_set():
-                        break
-            last_error, backoff = None, 1.0
-            continue
-        except _Gone:
-            rv = ""
-            continue
-        except ApiException as e:
-            why = f"{e.status} {' '.join(str(e.reason).split())}"[:300]
-            if e.status in (401, 403):
-                return done(_result("failed", "PrepullForbidden", f"this identity may not list and watch pods in "
-                                    f"namespace {namespace} ({why}): apply the agent's RBAC that `nodewarm render` "
-                                    f"prints; vLLM pulls {image} when it lands", image))
-            if e.status == 404:
-                return done(_result("failed", "PrepullApiError", f"listing pods in namespace {namespace} answered "
-                                    f"{why}; vLLM pulls {image} when it lands", image))
-            last_error = why
-        except (OSError, ValueError, urllib3.exceptions.HTTPError) as e:
-            last_error = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
-        # A transient error (connection, 5xx): list again after a short back-off, until the deadline.
-        log.warning("imageprepull.api_error", node=node_name, error=last_error)
-        rv = ""
-        stop.wait(min(backoff, max(0.0, left())))
-        backoff = min(backoff * 2, 5.0)
+    try:
+        end = podwatch.follow(api_client, namespace, query, look, stop=stop, what="imageprepull", logger=log, node=node_name,
+                              left=lambda: deadline_s - (time.monotonic() - start))
+    except ApiException as e:
+        why = f"{e.status} {' '.join(str(e.reason).split())}"[:300]
+        if e.status in (401, 403):
+            return done(_result("failed", "PrepullForbidden", f"this identity may not list and watch pods in "
+                                f"namespace {namespace} ({why}): apply the agent's RBAC that `nodewarm render` "
+                                f"prints; vLLM pulls {image} when it lands", image))
+        return done(_result("failed", "PrepullApiError", f"listing pods in namespace {namespace} answered "
+                            f"{why}; vLLM pulls {image} when it lands", image))
+    if end.answer is not None:
+        return done(end.answer)
+    if end.stopped:
+        return done(_result("skipped", "PrepullStopped", f"stopped before {image} was seen on the node", image))
+    if end.last_error:
+        return done(_result("failed", "PrepullApiError", f"could not read the image pre-pull pod until the "
+                            f"deadline: {end.last_error}; vLLM pulls {image} when it lands", image))
+    return done(deadline_result(pick(list(end.pods.values()), image), image, deadline_s,
+                                namespace=namespace, profile=profile))
