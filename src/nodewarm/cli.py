@@ -40,7 +40,8 @@ Typical flow:
 # The node agent's commands, registered alone when they are the command given: the agent's start-up is on
 # the warm-up's critical path, and the other parts' modules (render, controller, demo, status) cost ~0.3 s
 # of imports it never uses (python -X importtime). tests/bootstrap/test_weights_cli.py checks these against TOP_LEVEL.
-AGENT_COMMANDS = {"bootstrap": "nodewarm.bootstrap.cli", "publish": "nodewarm.bootstrap.cli"}
+AGENT_COMMANDS = {"bootstrap": "nodewarm.bootstrap.cli", "publish": "nodewarm.bootstrap.cli",
+                  "engine-check": "nodewarm.bootstrap.cli"}
 
 
 def _command(argv: list[str]) -> str | None:

@@ -40,6 +40,8 @@ TERMINATION_LOG = "/dev/termination-log"
 # The kubelet keeps at most 4096 bytes of a termination message; the runner trims its log tail to fit.
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 20
+MESSAGE_LIMIT = 1024            # characters of Result.message and of each log line in a termination message
+LOG_LINE_LIMIT = 300
 # vLLM's own strict mode for its AOT artifacts: a load failure fails the boot instead of compiling again. Not in
 # vLLM's compile hash (envs.compile_factors leaves it out), so it changes no key. nodewarm renders AOT off
 # (nodeclasses/vllm.py); for Inductor's cache the runner is the strict mode (runner.py).
@@ -118,18 +120,20 @@ class Result:
         return round(self.first_token_at - self.ready_at, 3)
 
     def to_json(self, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
-        """Compact JSON within ``limit`` bytes: the oldest log lines go first, then the message is cut."""
-        out = self
+        """Compact JSON within ``limit`` bytes. The message and each log line are cut to a share of it first, then
+        the oldest lines go: the last lines (where an engine says why it stopped) are the ones kept."""
+        def cut(text: str, n: int) -> str:
+            return text if len(text) <= n else text[: n - 3] + "..."
+
+        out = replace(self, message=cut(self.message, MESSAGE_LIMIT),
+                      log_tail=tuple(cut(line, LOG_LINE_LIMIT) for line in self.log_tail))
         while True:
             text = json.dumps({**asdict(out), "log_tail": list(out.log_tail)}, separators=(",", ":"))
             if len(text.encode()) <= limit:
                 return text
-            if out.log_tail:
-                out = replace(out, log_tail=out.log_tail[1:])
-            elif len(out.message) > 64:
-                out = replace(out, message=out.message[: len(out.message) // 2] + "...")
-            else:
+            if not out.log_tail:
                 raise ValueError(f"an engine-check result cannot fit {limit} bytes")
+            out = replace(out, log_tail=out.log_tail[1:])
 
     @classmethod
     def from_json(cls, text: str) -> "Result":

@@ -1,0 +1,172 @@
+"""The engine-check runner's paths, driven by a scripted engine (tests/support/scriptedengine.py) so each end is
+reached in a second: served, exited with vLLM's "does not fit" words, crashed, hung past the timeout, compiling
+after a restore (stopped early, the bundle marked stale in a real S3 bucket), loaded from S3 instead of the node.
+What vLLM itself does on each path is proven in tests/engine/test_engine_check.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nodewarm.api.enginecheck import Reason, Result, RunnerArgs, add_runner_flags, runner_args
+from nodewarm.bootstrap.compilecache import hitcheck
+from nodewarm.bootstrap.compilecache.cachestore import envelope_key, stale_key
+from nodewarm.bootstrap.enginecheck import judge, runner
+from nodewarm_dev.testenv.ports import free_port
+from support.bootstrap_fixtures import cache_store
+
+ENGINE = str(Path(__file__).resolve().parents[2] / "support" / "scriptedengine.py")
+
+
+def _roots(tmp: Path) -> dict[str, Path]:
+    roots = {"vllm": tmp / "cc/vllm", "inductor": tmp / "cc/inductor", "triton": tmp / "cc/triton",
+             "pch": tmp / "cc/tmp/pch"}
+    for d in roots.values():
+        d.mkdir(parents=True, exist_ok=True)
+    return roots
+
+
+def _args(tmp: Path, mode: str, *, restored: bool, timeout: int = 60, extra=(), cache_uri=None, envelope="",
+          record=None) -> tuple[RunnerArgs, dict[str, Path]]:
+    roots = _roots(tmp)
+    graph = roots["inductor"] / "fxgraph" / "ab" / "abkey" / "entry"
+    graph.parent.mkdir(parents=True, exist_ok=True)
+    graph.write_text("restored graph")
+    hitcheck.save_baseline(tmp / "baseline.json", hitcheck.Baseline(hitcheck.snapshot(roots), restored,
+                                                                     "Restored" if restored else "CacheNotFound",
+                                                                     envelope, 3 if envelope else 0))
+    port = free_port()
+    engine = (sys.executable, ENGINE, "--port", str(port), "--mode", mode, *extra)
+    return RunnerArgs(port, "tiny", timeout, str(tmp / "baseline.json"), str(roots["vllm"]), str(roots["inductor"]),
+                      str(roots["triton"]), str(roots["pch"]), engine, cache_uri, record,
+                      str(tmp / "termination-log")), roots
+
+
+def test_a_served_check_passes_with_its_times_and_a_restored_bundle_is_a_hit(tmp_path):
+    a, _ = _args(tmp_path, "serve", restored=True)
+    r = runner.check(a)
+    assert (r.passed, r.reason, r.compile_cache) == (True, Reason.ENGINE_SERVED, "hit")
+    assert r.started_at <= r.ready_at <= r.first_token_at
+    assert r.boot_s is not None and r.first_token_s is not None
+    assert "INFO serving" in "\n".join(r.log_tail)
+
+
+def test_on_a_cold_node_the_checks_own_compile_is_expected(tmp_path):
+    write = tmp_path / "cc/inductor/fxgraph/cd/cdkey/entry"
+    a, _ = _args(tmp_path, "serve", restored=False, extra=("--write", str(write)))
+    r = runner.check(a)
+    assert (r.passed, r.compile_cache) == (True, "cold")
+
+
+def test_vllms_does_not_fit_words_are_model_does_not_fit(tmp_path):
+    a, _ = _args(tmp_path, "nofit", restored=True)
+    r = runner.check(a)
+    assert (r.passed, r.reason) == (False, Reason.MODEL_DOES_NOT_FIT)
+    assert "larger than the available KV cache memory" in r.message
+    assert any("KV cache" in line for line in r.log_tail)
+
+
+def test_any_other_exit_before_serving_is_a_boot_failure(tmp_path):
+    a, _ = _args(tmp_path, "crash", restored=True)
+    r = runner.check(a)
+    assert (r.passed, r.reason, r.ready_at) == (False, Reason.ENGINE_BOOT_FAILED, None)
+    assert "Engine core initialization failed" in "\n".join(r.log_tail)
+
+
+def test_an_engine_that_never_answers_is_stopped_at_the_timeout(tmp_path):
+    a, _ = _args(tmp_path, "hang", restored=False, timeout=3)
+    r = runner.check(a)
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_CHECK_TIMED_OUT)
+
+
+def test_compiling_after_a_restore_stops_the_boot_and_marks_the_bundle_stale(tmp_path, s3_exact, monkeypatch, caplog):
+    bucket = "ec-" + uuid.uuid4().hex[:10]
+    s3_exact.create_bucket(bucket)
+    uri = f"s3://{bucket}/cc/"
+    store = cache_store(s3_exact, monkeypatch, uri)
+    env_key = envelope_key(store.root + "k", "key1")
+    write = tmp_path / "cc/inductor/fxgraph/ef/efkey/entry"
+    # "compile" never serves: only the early stop ends it before the (long) timeout with this reason.
+    a, _ = _args(tmp_path, "compile", restored=True, timeout=600, cache_uri=uri, envelope=env_key,
+                 extra=("--write", str(write)))
+    with caplog.at_level(logging.INFO, logger="nodewarm.bootstrap.enginecheck"):
+        r = runner.check(a)
+    assert (r.passed, r.reason, r.compile_cache, r.marked_stale) == (False, Reason.COMPILE_CACHE_NOT_LOADED, "miss",
+                                                                     True)
+    assert any(rec.getMessage() == "enginecheck.compiling_after_restore" for rec in caplog.records)
+    assert r.ready_at is None                       # stopped while booting, not after serving
+    assert store.exists(stale_key(env_key, 3))
+    assert "marked stale" in r.message
+
+
+def test_without_a_writer_identity_a_miss_fails_the_check_and_says_nothing_was_marked(tmp_path):
+    write = tmp_path / "cc/inductor/fxgraph/ef/efkey/entry"
+    a, _ = _args(tmp_path, "serve", restored=True, envelope="cc/k/key1.json", extra=("--write", str(write)))
+    r = runner.check(a)
+    assert (r.passed, r.reason, r.marked_stale) == (False, Reason.COMPILE_CACHE_NOT_LOADED, False)
+    assert "no compile-cache writer identity" in r.message
+
+
+def test_a_start_that_streamed_from_s3_is_not_a_proof_of_this_node(tmp_path):
+    record = tmp_path / "start.json"
+    record.write_text(json.dumps({"path": "s3", "reason": "IncompleteCopy", "model": "s3://b/m/"}))
+    a, _ = _args(tmp_path, "serve", restored=False, record=str(record))
+    r = runner.check(a)
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_BOOT_FAILED)
+    assert "not from this node's copy" in r.message
+
+
+def test_without_the_agents_baseline_the_check_does_not_run(tmp_path):
+    a, _ = _args(tmp_path, "serve", restored=True)
+    os.remove(a.baseline)
+    r = runner.check(a)
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_CHECK_NOT_RUN)
+
+
+def test_the_cli_writes_the_result_as_the_termination_message_and_exits_by_it(tmp_path):
+    from nodewarm.cli import main
+
+    a, _ = _args(tmp_path, "nofit", restored=True)
+    assert main(["engine-check", *a.to_argv()]) == 1
+    r = Result.from_json(Path(a.result).read_text())
+    assert r.reason == Reason.MODEL_DOES_NOT_FIT
+
+
+def test_the_rendered_flags_parse_back_to_what_was_rendered(tmp_path):
+    import argparse
+
+    a, _ = _args(tmp_path, "serve", restored=True, cache_uri="s3://b/cc/", record="/run/nodewarm/serve-start.json")
+    p = argparse.ArgumentParser()
+    add_runner_flags(p)
+    assert runner_args(p.parse_args(a.to_argv())) == a
+
+
+def test_a_result_always_fits_a_termination_message_and_keeps_its_last_lines():
+    lines = tuple(f"line {i} " + "x" * 300 for i in range(50))
+    r = Result(False, Reason.ENGINE_BOOT_FAILED, "m" * 5000, log_tail=lines)
+    text = r.to_json()
+    assert len(text.encode()) <= 4096
+    back = Result.from_json(text)
+    assert back.log_tail and back.log_tail[-1].startswith("line 49 ")      # the newest line is kept, cut
+    assert back.reason == Reason.ENGINE_BOOT_FAILED
+
+
+@pytest.mark.parametrize("line, reason", [
+    # vLLM 0.32's words (vllm/v1/core/kv_cache_utils.py, vllm/v1/worker/cpu_worker.py) and torch's OOM.
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+     Reason.MODEL_DOES_NOT_FIT),
+    ("ValueError: To serve at least one request with the model's max seq len (32768), (4.00 GiB KV cache is needed, "
+     "which is larger than the available KV cache memory (1.00 GiB).", Reason.MODEL_DOES_NOT_FIT),
+    ("ValueError: Available memory on node 0 (1.0/23.0 GiB) on kv cache allocation is less than requested memory "
+     "for kv (2.0 GiB). Decrease --kv-cache-memory-bytes", Reason.MODEL_DOES_NOT_FIT),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", Reason.MODEL_DOES_NOT_FIT),
+    ("RuntimeError: Engine core initialization failed. See root cause above.", Reason.ENGINE_BOOT_FAILED),
+])
+def test_why_vllm_did_not_serve_is_read_from_its_own_words(line, reason):
+    assert judge.failure_reason(f"INFO starting\n{line}\n") == reason
