@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.api.defaults import default
+from nodewarm.api.enginecheck import REQUEST_ANNOTATION as ENGINE_CHECK_ANNOTATION
+from nodewarm.api.enginecheck import Outcome, Reason, Result
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
@@ -151,6 +153,8 @@ class AgentConfig:
     prepull_deadline_s: float = float(DEFAULT_PREPULL_TIMEOUT_S)  # spec.bootstrap.imagePrepullTimeout
     gpu_wait_s: float = GPU_WAIT_S                  # how long Warm waits for the Node to advertise the GPUs
     progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
+    engine_check_s: float | None = None             # readiness.engineCheck's timeout; None: no engine check
+    serving_namespace: str = default("serving.namespace")   # where the check pod runs (the serving pod's)
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -184,13 +188,15 @@ class AgentResult:
     image: object | None = None         # imageprepull.PrepullResult
     gpus: object | None = None          # gpuwait.GpuResult
     timeline: dict[str, str] = field(default_factory=dict)
+    engine: Outcome | None = None       # the engine check's, when the profile asks for one
 
     def to_dict(self) -> dict:
         return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
                 "weights": dataclasses.asdict(self.weights) if self.weights else None,
                 "compileCache": self.cache.to_dict() if self.cache else None,
                 "image": dataclasses.asdict(self.image) if self.image else None,
-                "gpus": dataclasses.asdict(self.gpus) if self.gpus else None}
+                "gpus": dataclasses.asdict(self.gpus) if self.gpus else None,
+                "engineCheck": dataclasses.asdict(self.engine) if self.engine else None}
 
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
@@ -203,6 +209,8 @@ class AgentResult:
             out[IMAGE_ANNOTATION] = f"{self.image.status} {self.image.reason}"
         if self.gpus is not None:
             out[GPUS_ANNOTATION] = self.gpus.annotation()
+        if self.engine is not None:
+            out[ENGINE_CHECK_ANNOTATION] = self.engine.to_json()
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
@@ -225,12 +233,14 @@ def _launch_started() -> str | None:
 
 
 
-def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | None = None) -> AgentResult:
+def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | None = None,
+         engine_check=None) -> AgentResult:
     """Run the phases; never raises an Exception: every failure becomes the result.
 
     ``image_wait(stop)`` waits for the serving image on this node, ``gpu_wait(stop)`` for the Node to advertise
     the GPUs the vLLM pod requests (both need the API; run() binds them). ``live`` hears the timeline and the
-    pull's progress while they run.
+    pull's progress while they run. ``engine_check()`` -> (request id, enginecheck Result), once the phases
+    succeeded: the node is Warm only if vLLM served on it (readiness.engineCheck; run() binds it).
     """
     timeline = {Timeline.AGENT_STARTED: _stamp()}
     launched = _launch_started()
@@ -239,7 +249,8 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
     if live is not None:
         live.timeline = timeline
     try:
-        return _warm(cfg, timeline, image_wait, gpu_wait, live)
+        result = _warm(cfg, timeline, image_wait, gpu_wait, live)
+        return _engine(result, engine_check, timeline) if result.warm and engine_check is not None else result
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
         timeline[Timeline.AGENT_FAILED] = _stamp()
@@ -354,6 +365,25 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
                        timeline=timeline)
 
 
+def _engine(result: AgentResult, engine_check, timeline: dict[str, str]) -> AgentResult:
+    """The engine check after the phases: its times in the timeline, its verdict the node's."""
+    timeline[Timeline.ENGINE_CHECK_REQUESTED] = _stamp()
+    request_id, r = engine_check()
+    for key, at in ((Timeline.ENGINE_STARTED, r.started_at), (Timeline.ENGINE_READY, r.ready_at),
+                    (Timeline.ENGINE_FIRST_TOKEN, r.first_token_at)):
+        if at is not None:
+            timeline[key] = _stamp(at)
+    timeline[Timeline.ENGINE_CHECK_PASSED if r.passed else Timeline.ENGINE_CHECK_FAILED] = _stamp()
+    log.info("agent.engine_check", passed=r.passed, reason=r.reason, message=r.message, boot_s=r.boot_s,
+             first_token_s=r.first_token_s, compile_cache=r.compile_cache)
+    outcome = Outcome.of(request_id, r)
+    if r.passed:
+        return dataclasses.replace(result, reason=Reason.ENGINE_SERVED, message=f"{r.message}; {result.message}",
+                                   engine=outcome)
+    return dataclasses.replace(result, warm=False, reason=r.reason, message=f"engine check failed: {r.message}",
+                               engine=outcome)
+
+
 def _write_result(state_dir: Path, result: AgentResult) -> None:
     """The outcome, on the node's disk too (temp name, then rename): what the condition says, and more."""
     doc = result.to_dict()
@@ -384,6 +414,25 @@ def gpu_waiter(cfg: AgentConfig, api_client):
 
     return lambda stop: wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
                                       taint_key=cfg.readiness_taint, stop=stop)
+
+
+def engine_checker(cfg: AgentConfig, api_client):
+    """The engine check bound to this node (None: the profile asks for none, or no API to ask through)."""
+    if cfg.engine_check_s is None or api_client is None:
+        return None
+    from .enginecheck import request
+
+    def check() -> tuple[str, Result]:
+        request_id = request.new_id()
+        try:
+            request.ask(api_client, cfg.node_name, request_id)
+        except Exception as e:  # noqa: BLE001 - refused or unreachable: the node is not proven, and says why
+            return request_id, Result(False, Reason.ENGINE_CHECK_NOT_RUN,
+                                      f"could not ask for the engine check: {type(e).__name__}: {e}")
+        return request_id, request.wait(api_client, cfg.node_name, request_id, namespace=cfg.serving_namespace,
+                                        profile=cfg.profile, timeout_s=cfg.engine_check_s)
+
+    return check
 
 
 def report(api_client, cfg: AgentConfig, result: AgentResult, extra: dict[str, str] | None = None) -> None:
@@ -418,7 +467,8 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         live = LiveProgress(lambda ann: report_progress(api_client, cfg.node_name, ann), cfg.progress_report_s)
         live.start()
     try:
-        result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client), live)
+        result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client), live,
+                      engine_checker(cfg, api_client))
     finally:
         if live is not None:
             live.stop()     # before the final report: a late progress write must not overwrite its timeline

@@ -74,6 +74,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         streamer=streamer_tuning(p) if opts.stream_check else None,
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
+        engine_check_s=float(p.readiness.engine_check.timeout_s) if p.readiness.engine_check.enabled else None,
+        serving_namespace=p.serving.namespace,
         **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))
 
 

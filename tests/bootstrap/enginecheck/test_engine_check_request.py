@@ -1,0 +1,192 @@
+"""The node agent's side of the engine check, as the node itself (kubelet token, NodeRestriction on) against the real
+API server and S3: it asks on its own Node, reads the check pod's answer from the pod's status, and reports Warm by it
+(the test plays the controller's create and the kubelet's status write; the controller's own part is in
+tests/controller/test_engine_check.py, vLLM's in tests/engine/test_engine_check.py). Without engineCheck the agent
+never asks. And the pure reading of a check pod, whatever the kubelet left in it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from nodewarm import profile
+from nodewarm.api import enginecheck
+from nodewarm.api.enginecheck import Reason, Result
+from nodewarm.bootstrap.enginecheck import request
+from nodewarm.controller.kube import NODES, PODS
+from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
+from support.builders import NO_CACHE, v
+
+NODE = "node-6"          # one of the API server's kubelet identities (tests/conftest.py KUBE_NODE_NAMES)
+TAINT = {"key": "nodewarm.io/warming", "effect": "NoSchedule"}
+IMAGE = "registry.example/vllm-nodewarm:0.32.0"
+
+
+def _pod(name: str, request_id: str, state: dict | None = None, **status) -> dict:
+    st = {"containerStatuses": [{"name": enginecheck.CONTAINER, "state": state}]} if state else {}
+    return {"metadata": {"name": name, "annotations": {enginecheck.REQUEST_ID_ANNOTATION: request_id}},
+            "status": {**st, **status}}
+
+
+def test_a_terminated_check_is_read_from_its_termination_message():
+    r = Result(True, Reason.ENGINE_SERVED, "served", compile_cache="hit", started_at=1.0, ready_at=3.5,
+               first_token_at=3.75)
+    pods = {"a": _pod("a", "old", {"terminated": {"exitCode": 1, "message": "{}"}}),
+            "b": _pod("b", "id1", {"terminated": {"exitCode": 0, "message": r.to_json()}})}
+    got = request.verdict(pods, "id1")
+    assert got == r and (got.boot_s, got.first_token_s) == (2.5, 0.25)
+
+
+@pytest.mark.parametrize("pod, reason", [
+    (_pod("p", "id1", {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": ""}}),
+     Reason.ENGINE_BOOT_FAILED),
+    (_pod("p", "id1", phase="Failed", reason="DeadlineExceeded", message="Pod was active too long"),
+     Reason.ENGINE_CHECK_TIMED_OUT),
+])
+def test_what_the_kubelet_says_when_the_runner_could_not_is_a_result(pod, reason):
+    assert request.verdict({"p": pod}, "id1").reason == reason
+
+
+def test_a_running_or_absent_pod_is_no_answer_yet_and_at_the_end_says_why():
+    assert request.verdict({}, "id1") is None
+    running = {"p": _pod("p", "id1", {"running": {}})}
+    assert request.verdict(running, "id1") is None
+    assert request.not_run(running, "id1", 720, "serving", "tiny").reason == Reason.ENGINE_CHECK_TIMED_OUT
+    pulling = {"p": _pod("p", "id1", {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}})}
+    r = request.not_run(pulling, "id1", 720, "serving", "tiny")
+    assert r.reason == Reason.ENGINE_CHECK_NOT_RUN and "ImagePullBackOff" in r.message
+    none = request.not_run({}, "id1", 720, "serving", "tiny")
+    assert none.reason == Reason.ENGINE_CHECK_NOT_RUN and "tiny-engine-check" in none.message
+
+
+# -- the agent, as the node ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def node(k, fresh_node):
+    fresh_node(NODE, [TAINT])
+    return k
+
+
+def _doc(name: str, uri: str, check: bool) -> dict:
+    extra = {"spec__readiness__engineCheck": {"enabled": True, "timeout": "2m", "image": IMAGE}} if check else {}
+    return v(metadata__name=name, spec__model={"uri": uri}, spec__compileCache__uri=NO_CACHE,
+             spec__bootstrap__allowNonNvme=True, **extra)
+
+
+def _answer(k, kube, p, result: Result, seen: list):
+    """The controller's and the kubelet's part: once the Node asks, a check pod for that request on the node,
+    then its container terminated with ``result`` as its termination message (written as the node)."""
+    from nodewarm.controller.kube import Kube
+
+    ns = p.serving.namespace
+    for _ in range(1200):
+        ann = (k.get(NODES, NODE)["metadata"].get("annotations") or {}).get(enginecheck.REQUEST_ANNOTATION)
+        req = enginecheck.read_annotation(ann)
+        if isinstance(req, enginecheck.Request):
+            break
+        threading.Event().wait(0.1)
+    else:
+        seen.append("never asked")
+        return
+    seen.append(req)
+    name = enginecheck.pod_name(p.name, NODE, req.id)
+    k.create(PODS, {"metadata": {"name": name, "labels": enginecheck.labels(p.name),
+                                 "annotations": {enginecheck.REQUEST_ID_ANNOTATION: req.id,
+                                                 enginecheck.NODE_ANNOTATION: NODE}},
+                    "spec": {"nodeName": NODE, "restartPolicy": "Never",
+                             "containers": [{"name": enginecheck.CONTAINER, "image": IMAGE}]}}, ns)
+    kubelet = Kube(kube.api_client(kube.node_token(NODE)))
+    st = {"name": enginecheck.CONTAINER, "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
+          "state": {"terminated": {"exitCode": 0 if result.passed else 1, "message": result.to_json()}}}
+    kubelet.merge_patch(PODS, name, {"status": {"phase": "Succeeded" if result.passed else "Failed",
+                                                "containerStatuses": [st]}}, sub="status", namespace=ns)
+
+
+def _run(kube, k, tmp_path, doc, result: Result | None):
+    from nodewarm.cli import main
+
+    p = profile.from_dict(doc)
+    seen: list = []
+    t = None
+    if result is not None:
+        t = threading.Thread(target=_answer, args=(k, kube, p, result, seen), daemon=True)
+        t.start()
+    mount = tmp_path / "nvme"
+    mount.mkdir(exist_ok=True)
+    rc = main(["bootstrap", "run", "--profile", p.name, "--mount", str(mount), "--node-name", NODE,
+               "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once",
+               "--state-dir", str(tmp_path / "state"), "--json"])
+    if t is not None:
+        t.join(30)
+    return rc, seen
+
+
+def _ns(k, p):
+    from nodewarm.controller.kube import Resource
+
+    try:
+        k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": p.serving.namespace}})
+    except Exception:  # noqa: BLE001 - already there
+        pass
+
+
+@pytest.mark.kube
+@pytest.mark.s3
+def test_a_passed_check_makes_the_node_warm_with_the_engines_times(kube, aws_env, node, warmprofile, kubelet_pulls,
+                                                                   tmp_path, capsys):
+    doc = _doc("ec-pass", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=21)), check=True)
+    _ns(node, profile.from_dict(doc))
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
+    served = Result(True, Reason.ENGINE_SERVED, "vLLM booted", compile_cache="cold", started_at=1e9,
+                    ready_at=1e9 + 42.0, first_token_at=1e9 + 42.5)
+    rc, seen = _run(kube, node, tmp_path, doc, served)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["warm"] is True, out["message"]
+    cond = next(c for c in node.get(NODES, NODE)["status"]["conditions"] if c["type"] == "nodewarm.io/Warm")
+    assert (cond["status"], cond["reason"]) == ("True", Reason.ENGINE_SERVED)
+    outcome = enginecheck.read_annotation(node.get(NODES, NODE)["metadata"]["annotations"][enginecheck.REQUEST_ANNOTATION])
+    assert isinstance(outcome, enginecheck.Outcome)
+    assert (outcome.id, outcome.state, outcome.boot_s, outcome.first_token_s) == (seen[0].id, "passed", 42.0, 0.5)
+    tl = json.loads(node.get(NODES, NODE)["metadata"]["annotations"]["nodewarm.io/timeline"])
+    assert tl["image_prepull_done"] <= tl["engine_check_requested"] <= tl["engine_check_passed"] <= tl["warm_reported"]
+    assert tl["engine_started"] < tl["engine_ready"] < tl["engine_first_token"]
+
+
+@pytest.mark.kube
+@pytest.mark.s3
+def test_a_failed_check_is_warm_false_with_its_reason_and_the_engines_last_lines(
+        kube, aws_env, node, warmprofile, kubelet_pulls, tmp_path, capsys):
+    doc = _doc("ec-fail", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=22)), check=True)
+    _ns(node, profile.from_dict(doc))
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
+    nofit = Result(False, Reason.MODEL_DOES_NOT_FIT, "vLLM exited with code 1 before it served: No available memory "
+                   "for the cache blocks", log_tail=("INFO loading", "ValueError: No available memory for the cache "
+                                                     "blocks."))
+    rc, _ = _run(kube, node, tmp_path, doc, nofit)
+    out = json.loads(capsys.readouterr().out)
+    assert out["warm"] is False and rc != 0
+    cond = next(c for c in node.get(NODES, NODE)["status"]["conditions"] if c["type"] == "nodewarm.io/Warm")
+    assert (cond["status"], cond["reason"]) == ("False", Reason.MODEL_DOES_NOT_FIT)
+    assert "No available memory" in cond["message"]
+    outcome = enginecheck.read_annotation(node.get(NODES, NODE)["metadata"]["annotations"][enginecheck.REQUEST_ANNOTATION])
+    assert outcome.state == "failed" and outcome.log_tail[-1].startswith("ValueError: No available memory")
+    assert TAINT in node.get(NODES, NODE)["spec"]["taints"]
+
+
+@pytest.mark.kube
+@pytest.mark.s3
+def test_without_engine_check_the_agent_never_asks(kube, aws_env, node, warmprofile, kubelet_pulls, tmp_path, capsys):
+    doc = _doc("ec-off", put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=23)), check=False)
+    warmprofile(doc)
+    kubelet_pulls(doc, NODE)
+    rc, _ = _run(kube, node, tmp_path, doc, None)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["warm"] is True and out["engineCheck"] is None
+    md = node.get(NODES, NODE)["metadata"]
+    assert enginecheck.REQUEST_ANNOTATION not in (md.get("annotations") or {})
+    assert not [k for k in json.loads(md["annotations"]["nodewarm.io/timeline"]) if k.startswith("engine")]
