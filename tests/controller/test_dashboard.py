@@ -75,6 +75,18 @@ def exercised_metrics() -> Metrics:
     for result in ("hit", "miss"):
         Controller._count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {CACHE_ANNOTATION: "restored"}),
                                                _node(POOL, "True", {CACHE_ANNOTATION: result}))
+    # The engine check's, from its pure plan (passed with its times, failed with its reason), counted by its shell.
+    from nodewarm.api import enginecheck as contract
+    from nodewarm.controller.enginecheck import plan as ec
+    from nodewarm.controller.enginecheck.controller import EngineCheckController
+
+    p = profile.from_dict(v(metadata__name="p1", spec__readiness__engineCheck={"enabled": True, "image": "x"}))
+    pod = ec.CheckPod("p", "ns", "u", "n1", "r1", False)
+    shell = EngineCheckController(SimpleNamespace(metrics=m))
+    for out in (contract.Outcome("r1", "passed", "EngineServed", "ok", boot_s=40.0, first_token_s=0.5),
+                contract.Outcome("r1", "failed", "CompileCacheNotLoaded", "compiled again")):
+        node = _node(POOL, None, {contract.REQUEST_ANNOTATION: out.to_json()})
+        shell._observe(p, ec.plan("n1", node, p, "nodewarm.io/warming", [pod]))
     # The rest as the controller (nodewarm.controller) labels them.
     for kind, result in (("EC2NodeClass", "applied"), ("NodePool", "uptodate"), ("NodePool", "audit"),
                          ("WarmProfile", "Differs")):

@@ -66,3 +66,9 @@ class EventReason(StrEnum):
     WARM_DEADLINE_REPLACE = "WarmDeadlineReplace"
     WARM_DEADLINE_NOT_REPLACED = "WarmDeadlineNotReplaced"
     WARM_DEADLINE_KEEP = "WarmDeadlineKeep"
+    # readiness.engineCheck (nodewarm/controller/enginecheck.py), on the Node.
+    ENGINE_CHECK_STARTED = "EngineCheckStarted"            # the check pod was created for the node's request
+    ENGINE_CHECK_PASSED = "EngineCheckPassed"              # the node reported the check passed; its pod deleted
+    ENGINE_CHECK_FAILED = "EngineCheckFailed"              # ... failed (reason, message, the engine's last lines)
+    ENGINE_CHECK_SUPERSEDED = "EngineCheckSuperseded"      # a pod no longer asked for (a newer request, taint gone)
+    ENGINE_CHECK_NOT_STARTED = "EngineCheckNotStarted"     # no PodTemplate, or no Role to create the pod with

@@ -9,9 +9,9 @@ Run it in-process (demo, tests, bench)::
     c = Controller(api_client, ControllerOptions(...))
     c.run_until(stop_event)          # or c.start() ... c.stop()
 
-Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>`` and ``budget/<NodePool>`` (re-check
-a paused replace budget). Every replica lists and watches (so a standby's caches are warm when it takes
-over); only the Lease holder processes keys, each write bounded by the time its Lease still covers.
+Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>``, ``budget/<NodePool>`` (re-check
+a paused replace budget) and ``check/<WarmProfile>/<Node>`` (a node's engine check, enginecheck/). Every replica
+lists and watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys, each write bounded by the time its Lease still covers.
 A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
 
 (A little over 300 lines: the handlers that turn watch events into keys stay beside the queue and the workers that
@@ -31,6 +31,7 @@ from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.api.views import ClaimView, NodeView
 
+from .enginecheck import controller as enginecheck
 from .events import EventRecorder
 from .kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
 from .leader import LeaderConfig, LeaderElector, NotLeading
@@ -96,6 +97,7 @@ class Controller:
         self.profile_index = ProfileIndex(self.opt.profiles, self.profiles)
         self.warmprofile = WarmProfileController(self)
         self.nodeclaim = NodeClaimController(self, self.warmprofile.write_status)
+        self.enginecheck = enginecheck.EngineCheckController(self)
 
     # -- what the reconcilers read -------------------------------------------------------------------
     def node_for(self, claim: ClaimView) -> NodeView | None:
@@ -133,6 +135,17 @@ class Controller:
         self._count_served_cache_outcome(kind, old, new)
         if claim:
             self.queue.add(f"claim/{claim}")
+        self._enqueue_check(old, new)
+
+    def _enqueue_check(self, old: NodeView | None, new: NodeView | None) -> None:
+        """A node that asks for (or answered) an engine check, of a profile that has it on: its check key. A deleted
+        node's too, so its pods go with it."""
+        v = next((x for x in (new, old) if enginecheck.asks(x)), None)
+        if v is None:
+            return
+        p = self.profile_index.for_pool(v.nodepool)
+        if p is not None and p.readiness.engine_check.enabled:
+            self.queue.add(enginecheck.key(p.name, v.name))
 
     def _count_served_cache_outcome(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
         """hit|miss arrive after the taint is lifted, when the publisher proves them in serving: count each
@@ -161,6 +174,9 @@ class Controller:
             self.queue.add(f"profile/{v.name}")
         pools = {x.profile.nodes.node_pool for x in (old, new) if x is not None and x.profile is not None}
         self._enqueue_claims(lambda c: c.nodepool in pools)
+        for n in list(self.nodes.store.values()):
+            if n.nodepool in pools:
+                self._enqueue_check(None, n)
 
     def _enqueue_claims(self, pred=lambda c: True) -> None:
         for name, c in list(self.claims.store.items()):
@@ -171,6 +187,8 @@ class Controller:
         for p in self.profile_index.live() + self.profile_index.held():
             self.queue.add(f"profile/{p.name}")
         self._enqueue_claims()
+        for n in list(self.nodes.store.values()):
+            self._enqueue_check(None, n)
 
     # -- leadership ------------------------------------------------------------------------------------
     def _became_leader(self) -> None:
@@ -206,6 +224,8 @@ class Controller:
                     self.reconcile_claim(name)
                 elif kind == "budget":
                     self.nodeclaim.reconcile_budget(name)
+                elif kind == enginecheck.KIND:
+                    self.enginecheck.reconcile(name)
                 else:
                     self.reconcile_profile(name)
                 self.queue.forget(key)

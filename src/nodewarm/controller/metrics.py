@@ -40,6 +40,13 @@ class Metrics:
             "nodewarm_device_plugins_missing_toleration",
             "Device plugin DaemonSets that may run on the profile's nodes but do not tolerate its startup taint "
             "(those nodes advertise no GPUs until the taint lifts)", ["profile"], registry=r)
+        self.engine_checks = Counter(
+            "nodewarm_engine_checks_total", "Engine checks (readiness.engineCheck) by what the controller did: "
+            "started, passed|failed (with the node's reason), superseded, node_gone, not_started",
+            ["nodepool", "outcome", "reason"], registry=r)
+        self.engine_seconds = Histogram(
+            "nodewarm_engine_check_seconds", "A passed engine check's vLLM boot (process start to /health) and first "
+            "token (ready to the first completion)", ["nodepool", "what"], registry=r, buckets=BUCKETS)
         self.leader = Gauge("nodewarm_leader", "1 while this replica holds the Lease", registry=r)
 
     def observe(self, nodepool: str, counters, durations) -> None:
