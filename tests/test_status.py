@@ -324,6 +324,65 @@ def test_explain_other_phases_say_what_they_wait_for():
     assert waits((c, n))[0] == "weights (listing, checking capacity or pulling: no byte count reported yet)"
 
 
+def engine_pair(annotation: str | None, warm: dict | None = None, **timeline_ago):
+    """A node whose weights, cache, image and GPUs are done, with the agent's engine-check annotation."""
+    from nodewarm.api import enginecheck
+
+    c = nodeclaim("gpu-p5-engine", created=ago(700), launched=ago(660), registered=ago(600))
+    ann = {"nodewarm.io/timeline": tl(agent_started=590, weights_started=589, weights_done=200,
+                                      compile_cache_started=589, compile_cache_restored=580, **timeline_ago)}
+    if annotation is not None:
+        ann[enginecheck.REQUEST_ANNOTATION] = annotation
+    return c, node("ip-10-0-1-9.ec2.internal", claim=c, created=ago(602), warm=warm, annotations=ann)
+
+
+def test_the_engine_check_running_passed_and_failed():
+    from nodewarm.api import enginecheck
+
+    req = enginecheck.Request("r1", ts(60, ms=True))
+    running = engine_pair(req.to_json(), engine_check_requested=60)
+    r = rows(observed(running), NOW)[0]
+    assert (r.phase, r.reason, r.engine) == ("Warming", "CheckingEngine", "running")
+    x = explain(observed(running), "ip-10-0-1-9.ec2.internal", NOW)
+    assert x.engine == f"running (requested {req.at}, request r1)"
+    assert any(w.startswith("the engine check: vLLM booting on this node") and "qwen3-35b-engine-check" in w
+               for w in x.waits_for)
+    assert {s.what: s.outcome for s in x.steps}["engine check"] == "running"
+    assert "Engine:      running" in format_explanation(x)
+
+    passed = enginecheck.Outcome("r1", "passed", "EngineServed", "served", boot_s=41.25, first_token_s=0.48,
+                                 compile_cache="hit")
+    done = engine_pair(passed.to_json(), warm=cond("nodewarm.io/Warm", "True", "EngineServed", 5, "vLLM served"),
+                       engine_check_requested=60, engine_started=58, engine_ready=17, engine_first_token=16,
+                       engine_check_passed=15, warm_reported=5)
+    r = rows(observed(done), NOW)[0]
+    assert r.engine == "passed (boot 41.2s, first token 0.5s)"
+    x = explain(observed(done), "ip-10-0-1-9.ec2.internal", NOW)
+    assert x.engine == "passed (EngineServed): vLLM booted in 41.2s, first token 0.5s after ready, compile cache hit"
+    step = {s.what: s for s in x.steps}["engine check"]
+    assert step.outcome == "engine_check_passed" and step.end - step.start == pytest.approx(45)
+    wide = format_rows([r], wide=True).splitlines()
+    assert wide[0].split()[8] == "ENGINE" and "passed (boot 41.2s, first token 0.5s)" in wide[1]
+
+    failed = enginecheck.Outcome("r1", "failed", "CompileCacheNotLoaded", "vLLM compiled again",
+                                 compile_cache="miss", log_tail=tuple(f"line {i}" for i in range(9)))
+    bad = engine_pair(failed.to_json(), warm=cond("nodewarm.io/Warm", "False", "CompileCacheNotLoaded", 5,
+                                                  "vLLM compiled again"), engine_check_requested=60,
+                      engine_check_failed=6)
+    r = rows(observed(bad), NOW)[0]
+    assert (r.phase, r.reason, r.engine) == ("Failed", "CompileCacheNotLoaded", "failed: CompileCacheNotLoaded")
+    x = explain(observed(bad), "ip-10-0-1-9.ec2.internal", NOW)
+    assert x.engine == "failed (CompileCacheNotLoaded): vLLM compiled again, compile cache miss"
+    assert "engine check, the engine's last lines: line 4 | line 5 | line 6 | line 7 | line 8" in x.notes
+    assert json.loads(json.dumps(x.to_dict()))["engine"] == x.engine
+
+    # No check asked for, or an annotation nobody can read: nothing shown, nothing broken.
+    for ann in (None, "{not json"):
+        r = rows(observed(engine_pair(ann)), NOW)[0]
+        assert r.engine == "-" and r.reason == "Warming"
+        assert explain(observed(engine_pair(ann)), "ip-10-0-1-9.ec2.internal", NOW).engine == ""
+
+
 def test_odd_annotations_do_not_break_the_table():
     c, n = warming_pair()
     n["metadata"]["annotations"].update({"nodewarm.io/timeline": "{not json", labels.PROGRESS_ANNOTATION: "[]",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from nodewarm.api import enginecheck
 from nodewarm.api.decisions import OnDeadline
 from nodewarm.api.lifecycle import Phase
 from nodewarm.api.names import CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION
@@ -11,7 +12,7 @@ from nodewarm.api.timeline import AGENT_STEPS, Timeline
 from nodewarm.api.timeutil import fmt_duration, parse_time
 
 from .observed import Observed, Subject, held_note, named
-from .rows import Row, fmt_gb, row
+from .rows import Row, engine_check, fmt_gb, fmt_secs, row
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,12 @@ class Explanation:
     waits_for: list[str]
     events: list[EventLine]
     notes: list[str]
+    engine: str = ""                 # the engine check at length (engine_line); "" when the node has none
 
     def to_dict(self) -> dict:
         return {"row": self.row.to_dict(), "timeline": [s.to_dict() for s in self.steps],
-                "waitsFor": self.waits_for, "events": [asdict(e) for e in self.events], "notes": self.notes}
+                "waitsFor": self.waits_for, "events": [asdict(e) for e in self.events], "notes": self.notes,
+                "engine": self.engine}
 
 
 def steps(s: Subject) -> list[Step]:
@@ -72,6 +75,24 @@ def steps(s: Subject) -> list[Step]:
         out.append(Step(f"controller: {state.decision}", parse_time(state.warm or state.registered),
                         parse_time(state.decided), state.decision))
     return sorted(out, key=lambda x: (x.start is None, x.start or 0.0))
+
+
+# How many of the engine's last log lines (the agent's Outcome) a failed check's explanation shows.
+ENGINE_TAIL_LINES = 5
+
+
+def engine_line(ec: enginecheck.Request | enginecheck.Outcome | None) -> str:
+    """The engine check as the node reports it: running, or its outcome with vLLM's times on this node."""
+    if isinstance(ec, enginecheck.Request):
+        return f"running (requested {ec.at or '?'}, request {ec.id})"
+    if not isinstance(ec, enginecheck.Outcome):
+        return ""
+    cache = f", compile cache {ec.compile_cache}" if ec.compile_cache else ""
+    if ec.state == enginecheck.State.PASSED:
+        boot = fmt_secs(ec.boot_s) if isinstance(ec.boot_s, (int, float)) else "?"
+        first = fmt_secs(ec.first_token_s) if isinstance(ec.first_token_s, (int, float)) else "?"
+        return f"passed ({ec.reason}): vLLM booted in {boot}, first token {first} after ready{cache}"
+    return f"failed ({ec.reason}): {' '.join(ec.message.split())}{cache}"
 
 
 def _running(tl: dict, start: Timeline, *ends: Timeline) -> bool:
@@ -114,6 +135,9 @@ def waits_for(s: Subject, r: Row, now: float) -> list[str]:
             out.append("image pre-pull (the kubelet pulling the serving image)")
         if _running(tl, Timeline.GPUS_WAIT_STARTED, Timeline.GPUS_ADVERTISED, Timeline.GPUS_WAIT_ENDED):
             out.append("GPUs not advertised: device plugin (the Node's allocatable nvidia.com/gpu)")
+        if isinstance(engine_check(s.node_view), enginecheck.Request):
+            out.append("the engine check: vLLM booting on this node in its check pod, which the controller creates "
+                       f"from PodTemplate {enginecheck.template_name(r.profile)} in the serving namespace")
     elif r.phase is Phase.WARM:
         out.append("the controller to lift the startup taint (the node reported Warm)")
     elif r.phase is Phase.SERVING:
@@ -171,4 +195,8 @@ def explain(obs: Observed, name: str, now: float, events_limit: int = 10) -> Exp
         notes.append(f"image pre-pull: {ann[IMAGE_ANNOTATION]}")
     if ann.get(GPUS_ANNOTATION):
         notes.append(f"GPUs: {ann[GPUS_ANNOTATION]}")
-    return Explanation(r, steps(s), waits_for(s, r, now), events(obs.events, s, events_limit), notes)
+    ec = engine_check(s.node_view)
+    if isinstance(ec, enginecheck.Outcome) and ec.log_tail:
+        notes.append("engine check, the engine's last lines: " + " | ".join(ec.log_tail[-ENGINE_TAIL_LINES:]))
+    return Explanation(r, steps(s), waits_for(s, r, now), events(obs.events, s, events_limit), notes,
+                       engine_line(ec))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from nodewarm.api import lifecycle
+from nodewarm.api import enginecheck, lifecycle
 from nodewarm.api.lifecycle import Phase
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
@@ -65,6 +65,7 @@ class Row:
     image: str
     gpus: str
     cleanup: str = ""                # the profile is deleted, its clean-up held: why (observed.cleanup)
+    engine: str = "-"                # the engine check (readiness.engineCheck): engine_text
 
     @property
     def name(self) -> str:
@@ -106,6 +107,28 @@ def weights(node: NodeView | None) -> Weights:
     return Weights()
 
 
+def fmt_secs(s: float) -> str:
+    return f"{s:.1f}s" if s < 60 else fmt_duration(s)
+
+
+def engine_check(node: NodeView | None) -> enginecheck.Request | enginecheck.Outcome | None:
+    """The agent's engine-check annotation on the Node: its request while the check runs, then the outcome."""
+    return enginecheck.read_annotation(node.annotations.get(enginecheck.REQUEST_ANNOTATION)) if node else None
+
+
+def engine_text(ec: enginecheck.Request | enginecheck.Outcome | None) -> str:
+    """running; passed, with vLLM's boot and first-token times on this node; failed, with the reason; or -."""
+    if isinstance(ec, enginecheck.Request):
+        return "running"
+    if isinstance(ec, enginecheck.Outcome):
+        if ec.state == enginecheck.State.PASSED:
+            times = [f"{what} {fmt_secs(v)}" for what, v in (("boot", ec.boot_s), ("first token", ec.first_token_s))
+                     if isinstance(v, (int, float))]
+            return "passed" + (f" ({', '.join(times)})" if times else "")
+        return f"failed: {ec.reason}"
+    return "-"
+
+
 def cache(s: Subject) -> str:
     node = s.node_view
     v = node.annotations.get(CACHE_ANNOTATION, "") if node is not None else ""
@@ -132,16 +155,20 @@ _BUSY = (("PullingWeights", AGENT_STEPS[1]), ("PullingImage", AGENT_STEPS[3]), (
          ("RestoringCache", AGENT_STEPS[2]))
 
 
-def warming_reason(tl: dict) -> str:
+def warming_reason(tl: dict, engine_running: bool = False) -> str:
+    """``engine_running``: the node's engine-check annotation is a request (the agent waits for the check pod)."""
     if not tl:
         return "NoAgentReport"
-    return next((reason for reason, step in _BUSY if _pending(tl, step)), "Warming")
+    busy = next((reason for reason, step in _BUSY if _pending(tl, step)), None)
+    return busy or ("CheckingEngine" if engine_running else "Warming")
 
 
 def row(s: Subject, now: float) -> Row:
     stage = s.stage()
     node, prof = s.node_view, s.profile
-    reason = warming_reason(node.timeline) if stage.phase is Phase.WARMING and node is not None else stage.reason
+    ec = engine_check(node)
+    reason = (warming_reason(node.timeline, isinstance(ec, enginecheck.Request))
+              if stage.phase is Phase.WARMING and node is not None else stage.reason)
     left = None
     limit = deadline_s(prof) if prof is not None else None
     if limit is not None and node is not None and stage.phase in lifecycle.DEADLINE_PHASES:
@@ -158,7 +185,8 @@ def row(s: Subject, now: float) -> Row:
         reason=reason, message=" ".join(stage.message.split()), weights=weights(node), cache=cache(s),
         deadline_left_s=left, deadline=prof.deadline if prof else "", on_deadline=prof.on_deadline if prof else "",
         instance_type=s.label(INSTANCE_TYPE_LABEL), generation=generation,
-        image=ann.get(IMAGE_ANNOTATION, "").split(" ", 1)[0], gpus=gpus, cleanup=cleanup(prof) if prof else "")
+        image=ann.get(IMAGE_ANNOTATION, "").split(" ", 1)[0], gpus=gpus, cleanup=cleanup(prof) if prof else "",
+        engine=engine_text(ec))
 
 
 def rows(obs: Observed, now: float, profile: str | None = None) -> list[Row]:

@@ -8,13 +8,13 @@ from nodewarm.api.timeutil import fmt_duration
 
 from .explain import Explanation
 from .observed import Observed, held_note, owners
-from .rows import Row
+from .rows import Row, fmt_secs
 
 COLUMNS = (("NAME", lambda r: r.name), ("PROFILE", lambda r: r.profile), ("PHASE", lambda r: r.phase),
            ("FOR", lambda r: fmt_duration(r.in_phase_s)), ("WEIGHTS", lambda r: r.weights.text()),
            ("CACHE", lambda r: r.cache), ("REASON", lambda r: r.reason or "-"),
            ("DEADLINE", lambda r: r.deadline_text()))
-WIDE = (("NODECLAIM", lambda r: r.node_claim or "-"), ("INSTANCE-TYPE", lambda r: r.instance_type or "-"),
+WIDE = (("ENGINE", lambda r: r.engine), ("NODECLAIM", lambda r: r.node_claim or "-"), ("INSTANCE-TYPE", lambda r: r.instance_type or "-"),
         ("GENERATION", lambda r: r.generation or "-"), ("IMAGE", lambda r: r.image or "-"),
         ("GPUS", lambda r: r.gpus or "-"))
 
@@ -27,10 +27,6 @@ def table(cells: list[list[str]]) -> str:
 def format_rows(rs: list[Row], wide: bool = False) -> str:
     cols = COLUMNS + (WIDE if wide else ())
     return table([[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in rs])
-
-
-def fmt_secs(s: float) -> str:
-    return f"{s:.1f}s" if s < 60 else fmt_duration(s)
 
 
 def _clock(t: float | None, ref: float | None) -> str:
@@ -49,6 +45,7 @@ def format_explanation(x: Explanation) -> str:
              f"Phase:       {r.phase} for {fmt_duration(r.in_phase_s)}",
              f"Reason:      {r.reason or '-'}" + (f": {r.message}" if r.message else ""),
              f"Weights:     {r.weights.text()}", f"Cache:       {r.cache}",
+             *([f"Engine:      {x.engine}"] if x.engine else []),
              f"Deadline:    {r.deadline_text()}" + (" left" if (r.deadline_left_s or 0) > 0 else "")]
     if r.instance_type or r.generation or r.gpus:
         lines.append(f"Instance:    {r.instance_type or '-'}  generation {r.generation or '-'}  GPUs {r.gpus or '-'}")
