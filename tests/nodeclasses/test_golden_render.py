@@ -24,6 +24,10 @@ VARIANTS = {"": [], ".iam": ["--iam"], ".with-controller": ["--with-controller",
 CASES = {f"{ex.stem}{suffix}.out": ["render", "-f", str(ex), *extra]
          for ex in sorted(EXAMPLES.glob("*.yaml")) for suffix, extra in VARIANTS.items()}
 CASES["crd.out"] = ["render", "--crd"]
+# spec.readiness.engineCheck on (the PodTemplate, Role and RoleBinding it adds, the controller in its own namespace):
+# not an example of its own, which are the three launchers (tests/test_examples.py).
+CASES["engine-check.out"] = ["render", "-f", str(paths.FIXTURES / "profiles" / "engine-check.yaml"),
+                             "--with-controller", CONTROLLER_IMAGE, "--controller-namespace", "platform"]
 
 
 def _run(argv: list[str]) -> str:
