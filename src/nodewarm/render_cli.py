@@ -29,6 +29,9 @@ Render everything one WarmProfile needs, as multi-document YAML for `kubectl app
   automode       : WarmProfile, NodeClass (ephemeralStorage.size below every allowed type's NVMe), NodePool,
                    the bootstrap DaemonSet, vLLM Deployment+Service
 
+With spec.readiness.engineCheck: also the check pod's PodTemplate and a Role + RoleBinding that let the controller
+(its ServiceAccount in --controller-namespace) create pods from it, both in the serving namespace.
+
 IAM policies, one per principal (agent: reader of the model, compile-cache and artifact prefixes, on the
 node role for the AL2023 host agent or the DaemonSet's role; publisher: writer of the compile-cache prefix
 only, conditional writes for envelopes), are written to DIR/iam-<principal>-policy.json with -o, or printed

@@ -121,6 +121,14 @@ def test_the_controller_creates_replaces_and_deletes_the_check_pod(kube, k, fres
             with pytest.raises(Exception) as e:
                 sa.list(PODS, "default")
             assert getattr(e.value, "status", None) == 403
+
+            # A node that goes takes its check pod with it.
+            ask(node_k, NODE, contract.Request("r3", "2027-01-15T08:10:00.000Z").to_json())
+            wait_for(lambda: list(check_pods(k, serving, p.name)) == [contract.pod_name(p.name, NODE, "r3")],
+                     what="the pod of request r3")
+            k.delete(NODES, NODE)
+            wait_for(lambda: check_pods(k, serving, p.name) == {}, what="the check pod deleted with its node")
+            assert m.labels(inst.pool, "node_gone", "")._value.get() == 1
         k.delete(PODTEMPLATES, template["metadata"]["name"], serving)
 
 

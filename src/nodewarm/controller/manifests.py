@@ -13,6 +13,9 @@ What it may do, and why each rule exists:
   reports on the WarmProfile when they do not tolerate its startup taint (warmprofile/deviceplugins.py).
 * events: create, in the ``default`` namespace only (where events about cluster-scoped objects go).
 * leases: in the controller's own namespace only (leader election).
+* pods: nowhere here. A profile with ``readiness.engineCheck`` renders a Role in its serving namespace that lets the
+  controller create, find and delete the check pods there and read their PodTemplate
+  (nodewarm/nodeclasses/enginecheck.py), so it touches pods only where a profile asks.
 
 Besides: a Service in front of the replicas' ``metrics`` port (what a Prometheus scrape or a ServiceMonitor
 selects) and the ServiceMonitor itself (for the Prometheus Operator; the Helm chart renders it only with

@@ -8,6 +8,8 @@ The PodTemplate is read live at each create, so the pod runs what was last rende
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm.api import enginecheck as contract
@@ -19,7 +21,7 @@ from nodewarm.api.warmprofile import WarmProfile
 from ..events import EventSpec
 from ..kube import PODS, PODTEMPLATES
 from ..shared import Manager
-from .plan import CheckPod, Plan, bound_pod, plan
+from .plan import STARTED, CheckPod, Plan, bound_pod, plan
 
 KIND = "check"
 # How soon a node whose pod could not be created (no PodTemplate, no Role) is looked at again: someone may apply
@@ -80,15 +82,16 @@ class EngineCheckController:
             except ApiException as e:
                 if e.status not in (404, 409):      # gone already, or a namesake: either way not ours to delete
                     raise
-        events = out.events
         if out.create is not None:
             created = self._create(p, node, out.create)
             if created is None:
                 return out
-            if not created:          # AlreadyExists: created by an earlier pass, whose Event was sent then
-                events = tuple(e for e in events if e.reason != EventReason.ENGINE_CHECK_STARTED)
+            if not created:
+                # AlreadyExists: an earlier pass created it, and told and counted it then.
+                out = replace(out, events=tuple(e for e in out.events if e.reason != EventReason.ENGINE_CHECK_STARTED),
+                              counters=tuple(c for c in out.counters if c[0] != STARTED))
         self._observe(p, out)
-        for ev in events:
+        for ev in out.events:
             mgr.events.emit(ev)
         if out.create or out.delete:
             mgr.log.info("engine_check", node=node_name, profile=p.name, create=out.create,
