@@ -90,7 +90,8 @@ def test_env_is_the_serving_env_plus_strict_mode_region_and_node(checked):
     assert c["env"][:n] == c_serving["env"]
     rest = c["env"][n:]
     assert rest == [*({"name": k, "value": val} for k, val in contract.STRICT_ENV.items()),
-                    {"name": "AWS_REGION", "value": p.nodes.region}, {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region},
+                    {"name": "AWS_REGION", "value": p.nodes.region},
+                    {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region},
                     {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
 

@@ -11,7 +11,8 @@ Run it in-process (demo, tests, bench)::
 
 Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>``, ``budget/<NodePool>`` (re-check
 a paused replace budget) and ``check/<WarmProfile>/<Node>`` (a node's engine check, enginecheck/). Every replica
-lists and watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys, each write bounded by the time its Lease still covers.
+lists and watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys, each
+write bounded by the time its Lease still covers.
 A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
 
 (A little over 300 lines: the handlers that turn watch events into keys stay beside the queue and the workers that

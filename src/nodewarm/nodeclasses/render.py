@@ -43,7 +43,8 @@ def bootstrap_image(p: WarmProfile) -> str:
     return p.bootstrap.image
 
 
-def render(p: WarmProfile, types: dict[str, InstanceType], controller_namespace: str = CONTROLLER_NAMESPACE) -> Rendered:
+def render(p: WarmProfile, types: dict[str, InstanceType],
+           controller_namespace: str = CONTROLLER_NAMESPACE) -> Rendered:
     """``controller_namespace``: where the controller runs, for the engine check's RoleBinding (only with
     spec.readiness.engineCheck)."""
     docs: list[dict] = [warmprofile_document(p)]

@@ -14,7 +14,8 @@ COLUMNS = (("NAME", lambda r: r.name), ("PROFILE", lambda r: r.profile), ("PHASE
            ("FOR", lambda r: fmt_duration(r.in_phase_s)), ("WEIGHTS", lambda r: r.weights.text()),
            ("CACHE", lambda r: r.cache), ("REASON", lambda r: r.reason or "-"),
            ("DEADLINE", lambda r: r.deadline_text()))
-WIDE = (("ENGINE", lambda r: r.engine), ("NODECLAIM", lambda r: r.node_claim or "-"), ("INSTANCE-TYPE", lambda r: r.instance_type or "-"),
+WIDE = (("ENGINE", lambda r: r.engine), ("NODECLAIM", lambda r: r.node_claim or "-"),
+        ("INSTANCE-TYPE", lambda r: r.instance_type or "-"),
         ("GENERATION", lambda r: r.generation or "-"), ("IMAGE", lambda r: r.image or "-"),
         ("GPUS", lambda r: r.gpus or "-"))
 

@@ -21,7 +21,7 @@ from nodewarm.api.warmprofile import WarmProfile
 from ..events import EventSpec
 from ..kube import PODS, PODTEMPLATES
 from ..shared import Manager
-from .plan import STARTED, CheckPod, Plan, bound_pod, plan
+from .plan import NOT_STARTED, STARTED, CheckPod, Plan, bound_pod, plan
 
 KIND = "check"
 # How soon a node whose pod could not be created (no PodTemplate, no Role) is looked at again: someone may apply
@@ -82,14 +82,11 @@ class EngineCheckController:
             except ApiException as e:
                 if e.status not in (404, 409):      # gone already, or a namesake: either way not ours to delete
                     raise
-        if out.create is not None:
-            created = self._create(p, node, out.create)
-            if created is None:
-                return out
-            if not created:
-                # AlreadyExists: an earlier pass created it, and told and counted it then.
-                out = replace(out, events=tuple(e for e in out.events if e.reason != EventReason.ENGINE_CHECK_STARTED),
-                              counters=tuple(c for c in out.counters if c[0] != STARTED))
+        if out.create is not None and self._create(p, node, out.create) is not True:
+            # AlreadyExists: an earlier pass created it, and told and counted it then; or it could not be created,
+            # which _not_started told. The deletes above still are what they were.
+            out = replace(out, events=tuple(e for e in out.events if e.reason != EventReason.ENGINE_CHECK_STARTED),
+                          counters=tuple(c for c in out.counters if c[0] != STARTED))
         self._observe(p, out)
         for ev in out.events:
             mgr.events.emit(ev)
@@ -137,7 +134,7 @@ class EngineCheckController:
         told = (node.name, request_id or "")
         if told not in self._told:
             self._told.add(told)
-            mgr.metrics.engine_checks.labels(node.nodepool, "not_started", "").inc()
+            mgr.metrics.engine_checks.labels(p.nodes.node_pool, NOT_STARTED, "").inc()
             mgr.events.emit(EventSpec("Node", node.name, node.uid, EventReason.ENGINE_CHECK_NOT_STARTED,
                                       f"{why}; the node keeps waiting, and its agent reports "
                                       f"{contract.Reason.ENGINE_CHECK_NOT_RUN} when its wait ends", "Warning"))

@@ -32,7 +32,9 @@ EVENT_MESSAGE_BUDGET = 1000
 # How soon a request whose pod is still terminating is looked at again (the controller does not watch pods).
 TERMINATING_RECHECK_S = 5.0
 
+# nodewarm_engine_checks_total's outcomes (not_started: the shell's, when the pod cannot be created).
 STARTED, PASSED, FAILED, SUPERSEDED, NODE_GONE = "started", "passed", "failed", "superseded", "node_gone"
+NOT_STARTED = "not_started"
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,9 @@ def test_the_controller_creates_replaces_and_deletes_the_check_pod(kube, k, fres
             assert md["annotations"][contract.REQUEST_ID_ANNOTATION] == "r1"
             assert md["annotations"][contract.NODE_ANNOTATION] == NODE
             assert md["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
-            assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-                "nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert terms["nodeSelectorTerms"] == [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
             # What was applied is what runs: the live template's container, argv and tolerations.
             live = k.get(PODTEMPLATES, template["metadata"]["name"], serving)["template"]["spec"]
             assert spec["containers"][0]["args"] == live["containers"][0]["args"]
