@@ -25,7 +25,7 @@ ENGINE = str(Path(__file__).resolve().parents[2] / "support" / "scriptedengine.p
 
 
 def _roots(tmp: Path) -> dict[str, Path]:
-    roots = {"vllm": tmp / "cc/vllm", "inductor": tmp / "cc/inductor", "triton": tmp / "cc/triton",
+    roots = {"vllm": tmp / "cc/vllm/torch_compile_cache", "inductor": tmp / "cc/inductor", "triton": tmp / "cc/triton",
              "pch": tmp / "cc/tmp/pch"}
     for d in roots.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ def _args(tmp: Path, mode: str, *, restored: bool, timeout: int = 60, extra=(), 
                                                                      envelope, 3 if envelope else 0))
     port = free_port()
     engine = (sys.executable, ENGINE, "--port", str(port), "--mode", mode, *extra)
-    return RunnerArgs(port, "tiny", timeout, str(tmp / "baseline.json"), str(roots["vllm"]), str(roots["inductor"]),
+    return RunnerArgs(port, "tiny", timeout, str(tmp / "baseline.json"), str(tmp / "cc/vllm"), str(roots["inductor"]),
                       str(roots["triton"]), str(roots["pch"]), engine, cache_uri, record,
                       str(tmp / "termination-log")), roots
 
@@ -55,6 +55,14 @@ def test_a_served_check_passes_with_its_times_and_a_restored_bundle_is_a_hit(tmp
     assert r.started_at <= r.ready_at <= r.first_token_at
     assert r.boot_s is not None and r.first_token_s is not None
     assert "INFO serving" in "\n".join(r.log_tail)
+
+
+def test_what_vllm_writes_beside_its_compile_cache_is_not_a_compile(tmp_path):
+    # Every vLLM boot writes $VLLM_CACHE_ROOT/modelinfos/; the bundle and the baseline cover torch_compile_cache only.
+    write = tmp_path / "cc/vllm/modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    a, _ = _args(tmp_path, "serve", restored=True, extra=("--write", str(write)))
+    r = runner.check(a)
+    assert (r.passed, r.compile_cache) == (True, "hit"), r.message
 
 
 def test_on_a_cold_node_the_checks_own_compile_is_expected(tmp_path):

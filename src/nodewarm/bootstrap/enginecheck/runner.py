@@ -35,6 +35,7 @@ from nodewarm import logs
 from nodewarm.api.enginecheck import LOG_TAIL_LINES, STRICT_ENV, Reason, Result, RunnerArgs
 
 from ..compilecache import hitcheck
+from ..compilecache.bundle import CacheDirs
 from . import judge
 
 log = logs.get("bootstrap.enginecheck")
@@ -136,9 +137,10 @@ def complete_once(port: int, model: str, timeout: float) -> str:
 
 
 def _roots(a: RunnerArgs) -> dict[str, Path]:
-    """The cache dirs by the names the agent's baseline uses (bundle.CacheDirs.roots())."""
-    return {"vllm": Path(a.vllm_cache_root), "inductor": Path(a.inductor_dir), "triton": Path(a.triton_dir),
-            "pch": Path(a.pch_dir)}
+    """The cache roots as the agent's baseline and the publisher name and scope them (vLLM's is its
+    torch_compile_cache, not the rest of $VLLM_CACHE_ROOT such as modelinfos/, which every boot writes)."""
+    return CacheDirs(vllm_root=Path(a.vllm_cache_root), inductor=Path(a.inductor_dir), triton=Path(a.triton_dir),
+                     pch=Path(a.pch_dir)).roots()
 
 
 def _start_path(record: str | None) -> str | None:
