@@ -58,9 +58,10 @@ RESULT_FILE = "agent-result.json"
 # How often, at most, the agent writes its in-flight progress on its Node (LiveProgress): one small status patch
 # per warming node per 30 s (a 1,000-node scale-up: ~33 writes/s while they pull), none when nothing changed.
 PROGRESS_REPORT_S = 30.0
-# The compile-cache phase starts once the weights' first GET is out (or their phase ended), at the latest this
-# long after the agent's start: its botocore client, signature imports and restore compete for the GIL with
-# the pull's own start-up (~0.1-0.3 CPU-s here), while the restore has the whole download to finish in.
+# The compile-cache phase, the image and the GPU waits start once the weights' first GET is out (or their phase
+# ended), at the latest this long after the agent's start: the cache's botocore client, signature imports and
+# restore, the waits' kubernetes client, compete for the GIL with the pull's own start-up (~0.1-0.3 CPU-s
+# here), while they have the whole download to finish in.
 CACHE_HEAD_START_MAX_S = 5.0
 
 
@@ -310,7 +311,9 @@ def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
     return cache
 
 
-def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
+def _image(image_wait, stop: threading.Event, timeline: dict[str, str], after: threading.Event | None = None):
+    if after is not None:
+        after.wait(CACHE_HEAD_START_MAX_S)
     timeline[Timeline.IMAGE_PREPULL_STARTED] = _stamp()
     result = image_wait(stop)
     timeline[Timeline.IMAGE_PREPULL_DONE if result.status == "pulled" else Timeline.IMAGE_PREPULL_ENDED] = _stamp()
@@ -318,7 +321,9 @@ def _image(image_wait, stop: threading.Event, timeline: dict[str, str]):
     return result
 
 
-def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str]):
+def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str], after: threading.Event | None = None):
+    if after is not None:
+        after.wait(CACHE_HEAD_START_MAX_S)
     timeline[Timeline.GPUS_WAIT_STARTED] = _stamp()
     result = gpu_wait(stop)
     timeline[Timeline.GPUS_ADVERTISED if result.status == "advertised" else Timeline.GPUS_WAIT_ENDED] = _stamp()
@@ -332,8 +337,10 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
         weights = pool.submit(_weights, cfg, timeline, live, first_get)
         cache_f = pool.submit(_compile_cache, cfg, timeline, first_get) if cfg.compile_cache_uri else None
-        image_f = pool.submit(_image, image_wait, stop, timeline) if image_wait is not None else None
-        gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline) if gpu_wait is not None else None
+        # The image and GPU waits start once the first GET is out too: their first API call makes the kubernetes
+        # client (its import ~0.25 s), which would take the GIL from the pull's start (kubeconn.py).
+        image_f = pool.submit(_image, image_wait, stop, timeline, first_get) if image_wait is not None else None
+        gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline, first_get) if gpu_wait is not None else None
         try:
             summary = weights.result()
         except NodewarmError as e:
@@ -412,8 +419,9 @@ def gpu_waiter(cfg: AgentConfig, api_client):
         return None
     from .gpuwait import wait_for_gpus
 
+    started = time.monotonic()  # the deadline counts from the agent's start, not from the wait's (after the first GET)
     return lambda stop: wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
-                                      taint_key=cfg.readiness_taint, stop=stop)
+                                      taint_key=cfg.readiness_taint, stop=stop, started=started)
 
 
 def engine_checker(cfg: AgentConfig, api_client):
