@@ -81,6 +81,9 @@ def imds_region(endpoint: str, timeout_s: float = 2.0) -> str | None:
 
 # -- I/O with the agent's identity ----------------------------------------------------------------------
 def _request(api_client, method: str, path: str, query: list | None = None, timeout=15, stream: bool = False):
+    reader = getattr(api_client, "reader", None)    # kubeconn.AgentApi: GETs without the kubernetes client
+    if reader is not None and method == "GET" and not stream:
+        return _read(reader, path, query, timeout)
     from kubernetes.client.exceptions import ApiException
 
     m, url, hdrs, b, post = api_client.param_serialize(method, path, query_params=query or [],
@@ -91,6 +94,23 @@ def _request(api_client, method: str, path: str, query: list | None = None, time
         data = resp.read()
         raise ApiException.from_response(http_resp=resp, body=data.decode(errors="replace"), data=None)
     return resp.response if stream else json.loads(resp.read() or b"{}")
+
+
+def _read(reader, path: str, query: list | None, timeout) -> dict:
+    """A GET through kubeconn's reader, its failures raised as the kubernetes client raises them (ApiException
+    for a status, OSError for the connection), so every caller handles them as before."""
+    import http.client
+
+    from .kubeconn import HttpError
+
+    try:
+        return reader.get_json(path, query, timeout if isinstance(timeout, (int, float)) else max(timeout))
+    except HttpError as e:
+        from kubernetes.client.exceptions import ApiException
+
+        raise ApiException(status=e.status, reason=e.reason, body=e.body) from None
+    except http.client.HTTPException as e:
+        raise ConnectionError(f"{type(e).__name__}: {e}") from None
 
 
 def watch_events(resp):
@@ -118,11 +138,13 @@ def _forbidden(e, what: str) -> NodewarmError:
 
 def get_profile(api_client, name: str) -> dict | None:
     """The WarmProfile object, or None when it does not exist (yet)."""
-    from kubernetes.client.exceptions import ApiException
-
     try:
         return _request(api_client, "GET", f"{PROFILES_PATH}/{name}")
-    except ApiException as e:
+    except Exception as e:
+        from kubernetes.client.exceptions import ApiException  # here: the agent's start-up reads without it
+
+        if not isinstance(e, ApiException):
+            raise
         if e.status == 404:
             return None
         if e.status in (401, 403):
