@@ -10,7 +10,6 @@ classify errors (no retry storm on bad credentials) and back off with jitter.
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
 import time
@@ -152,13 +151,8 @@ def call_with_retries(fn: Callable[[], T], what: str, policy: RetryPolicy,
     raise AssertionError("unreachable")
 
 
-@functools.cache
-def _data_loader():
-    """botocore's reader of its bundled JSON (the S3 API model, endpoint rules), made as botocore makes it
-    (AWS_DATA_PATH included), one per process. A new session parses those files again: 0.1-0.3 s of CPU
-    per client here, paid by the agent's compile-cache phase after the weights phase had paid it twice.
-    The parsed data is read-only (botocore shares it between the clients of one session too)."""
-    return botocore.session.get_session().get_component("data_loader")
+_LOADER_LOCK = threading.Lock()
+_LOADER: list = []     # botocore's reader of its bundled JSON, shared by this process's clients (see make_client)
 
 
 def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float,
@@ -182,5 +176,14 @@ def make_client(pool_size: int, connect_timeout_s: float, read_timeout_s: float,
         response_checksum_validation="when_supported" if response_checksums else "when_required",
     )
     session = botocore.session.get_session()
-    session.register_component("data_loader", _data_loader())
+    # botocore's reader of its bundled JSON (the S3 API model, endpoint rules), made by the first session as
+    # botocore makes it (AWS_DATA_PATH included) and shared by the later ones: a new session parses those files
+    # again, 0.1-0.3 s of CPU per client here. The parsed data is read-only (botocore shares it between the
+    # clients of one session too). Taken from the first client's own session, not a session of its own: each
+    # session costs ~0.02-0.04 s of handler registration on the agent's path to its first GET.
+    with _LOADER_LOCK:
+        if _LOADER:
+            session.register_component("data_loader", _LOADER[0])
+        else:
+            _LOADER.append(session.get_component("data_loader"))
     return session.create_client("s3", config=config)
