@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +31,7 @@ import uuid
 from pathlib import Path
 
 from nodewarm import profile
-from nodewarm.bootstrap.compilecache import cachekey, hardware, hitcheck, publish, signing
-from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
-from nodewarm.api.servingspec import serving_spec
+from nodewarm.bootstrap.compilecache import hitcheck, signing
 from nodewarm.nodeclasses.vllm import AOT_COMPILE_ENV
 from nodewarm_dev.testenv import enginenode, podrun, s3server, vllmclient
 from nodewarm_dev.testenv.ports import free_port
@@ -56,18 +53,6 @@ def _profile_doc(bucket: str, verify_key: str) -> dict:
         "compileCache": {"uri": f"s3://{bucket}/cc/", "verifyKey": verify_key},
         "bootstrap": {"artifactUri": f"s3://{bucket}/nodewarm.pyz", "artifactSha256": "a" * 64,
                       "image": "registry.example/nodewarm:0.1.0"}}}
-
-
-def _serving_runtime(p, runtime_env: dict[str, str]) -> tuple[cachekey.RuntimeProbe, dict[str, str]]:
-    """The serving image's software and env, read there (as its publisher sidecar would)."""
-    spec, _, _ = enginenode.rendered_pod(p)
-    c = next(c for c in spec["containers"] if c["name"] == "vllm")
-    env = {"PATH": f"{podrun.serving_venv() / 'bin'}:/usr/bin:/bin",
-           **{e["name"]: e["value"] for e in c["env"] if "value" in e}, **runtime_env}
-    out = subprocess.run([str(podrun.serving_venv() / "bin" / "nodewarm"), "bootstrap", "compile-cache", "key",
-                          "--runtime-only"], env=env, capture_output=True, text=True, check=True).stdout
-    doc = json.loads(out)
-    return cachekey.probe_from_dict(doc["runtime"]), doc["env"]
 
 
 def _boot(node: enginenode.Node, p, work: Path) -> dict:
@@ -113,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             report = {"A": {"restore": warm_a.cache.reason, **_boot(a, p, tmp / "work-a")}}
             print(f"A (cold): engine init {report['A']['engineInitSeconds']} s", flush=True)
 
-            probe, env = _serving_runtime(p, runtime_env)
-            factors = cachekey.build_factors(probe, hardware.probe(env=env), serving_spec(p), env)
-            put = publish.publish_once(CacheStore(parse_uri(p.compile_cache.uri)), a.cache_roots(p), factors,
-                                       signing.load_private(tmp / "signing.pem"), {"node": a.name}, runtime=probe)
+            put = enginenode.publish(a, p, tmp / "signing.pem")
             report["publish"] = {"status": put.status, "bytes": put.size, "files": put.files}
 
             b = enginenode.Node("node-b", tmp / "node-b", dict(runtime_env))

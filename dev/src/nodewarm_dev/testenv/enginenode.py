@@ -82,6 +82,39 @@ def rendered_pod(p) -> tuple[dict, dict[str, dict], list[dict]]:
     return deployment["spec"]["template"]["spec"], configmaps, docs
 
 
+def serving_runtime(p, runtime_env: dict[str, str]):
+    """(RuntimeProbe, env): the serving image's software and env, read there (``compile-cache key --runtime-only`` in
+    the serving environment), as its publisher sidecar reads them."""
+    import json
+    import subprocess
+
+    from nodewarm.bootstrap.compilecache import cachekey
+
+    spec, _, _ = rendered_pod(p)
+    c = next(c for c in spec["containers"] if c["name"] == "vllm")
+    env = {"PATH": f"{podrun.serving_venv() / 'bin'}:/usr/bin:/bin",
+           **{e["name"]: e["value"] for e in c["env"] if "value" in e}, **runtime_env}
+    out = subprocess.run([str(podrun.serving_venv() / "bin" / "nodewarm"), "bootstrap", "compile-cache", "key",
+                          "--runtime-only"], env=env, capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)
+    return cachekey.probe_from_dict(doc["runtime"]), doc["env"]
+
+
+def publish(node: "Node", p, signing_pem: Path, *, spec_of=None):
+    """What the publisher sidecar of ``node`` would publish for profile ``p`` (its own code, signed with the
+    profile's key): this node's cache dirs as the bundle of the key that ``spec_of`` (default ``p``) gives, with the
+    serving image's runtime descriptor. ``spec_of`` another profile: a bundle built for other settings at its key."""
+    from nodewarm.api.servingspec import serving_spec
+    from nodewarm.bootstrap.compilecache import cachekey, hardware, publish as publisher, signing
+    from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
+
+    keyed = spec_of or p
+    probe, env = serving_runtime(keyed, node.runtime_env)
+    factors = cachekey.build_factors(probe, hardware.probe(env=env), serving_spec(keyed), env)
+    return publisher.publish_once(CacheStore(parse_uri(keyed.compile_cache.uri)), node.cache_roots(p), factors,
+                                  signing.load_private(signing_pem), {"node": node.name}, runtime=probe)
+
+
 @dataclass
 class Node:
     name: str

@@ -12,7 +12,9 @@ bind mount of a directory on this machine at the container's own path:
   that node wrote there is what the pod sees;
 * ``configMap`` volumes: the rendered ConfigMap's data written out as files;
 * ``emptyDir``: a fresh directory per pod (``medium: Memory``: a tmpfs of its ``sizeLimit``);
-* anything else (secrets, projected tokens): a directory the caller lays out, by volume name.
+* anything else (secrets, projected tokens): a directory the caller lays out, by volume name;
+* a container that names a ``terminationMessagePath``: a fresh empty file per pod bound there, which
+  :meth:`Pod.termination_message` reads once it exited, as the kubelet reads it into the container's status.
 
 The image is this machine's serving environment (``.venv-serving``: python3 + vLLM + the Run:ai streamer): its
 ``bin`` comes first on ``PATH``, as the image's python3 would. Environment variables come from the container's
@@ -73,9 +75,16 @@ class Pod:
     argv: list[str]
     env: dict[str, str]
     _made: list[Path] = field(default_factory=list)
+    termination: Path | None = None
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def termination_message(self) -> str:
+        """What the container wrote at its terminationMessagePath (at most 4096 bytes, as the kubelet keeps)."""
+        if self.termination is None or not self.termination.exists():
+            return ""
+        return self.termination.read_bytes()[:4096].decode(errors="replace")
 
     def stop(self, timeout: float = 30) -> int | None:
         if self.proc.poll() is None:
@@ -87,7 +96,7 @@ class Pod:
                 self.proc.wait()
         for d in reversed(self._made):
             try:
-                d.rmdir()
+                d.unlink() if d.is_file() else d.rmdir()
             except OSError:
                 pass
         return self.proc.returncode
@@ -149,6 +158,16 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
         binds.append((src, m["mountPath"]))
 
     made: list[Path] = []
+    termination = None
+    if c.get("terminationMessagePath"):
+        # A file bound on a file: the mount point must be a file, made here (and removed by stop) when missing.
+        termination = work / "termination-log"
+        termination.write_bytes(b"")
+        target = Path(c["terminationMessagePath"])
+        if not target.exists():
+            target.touch()
+            made.append(target)
+        binds.append((termination, str(target)))
     for _, target in binds + [(None, t) for t, _ in tmpfs]:
         t = Path(target)
         missing = [p for p in [t, *t.parents] if not p.exists()]
@@ -169,7 +188,8 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
     # /var/run/x/y that reaches it through the /var/run -> /run symlink.
     # The runtime makes a mount point missing inside an earlier mount (there, not on this machine).
     for src, target in sorted(binds, key=lambda b: len(Path(b[1]).parts)):
-        script.append(f"mkdir -p {shlex.quote(target)}")
+        if not src.is_file():
+            script.append(f"mkdir -p {shlex.quote(target)}")
         script.append(f"mount --bind {shlex.quote(str(src))} {shlex.quote(target)}")
     # After the binds: their sources may lie under this machine's /dev/shm, which a memory emptyDir there hides.
     for target, size in tmpfs:
@@ -194,7 +214,7 @@ def start(pod_spec: dict, container: str, *, node_root: Path, work: Path, config
         proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    return Pod(proc=proc, log=log, argv=argv, env=env, _made=made)
+    return Pod(proc=proc, log=log, argv=argv, env=env, _made=made, termination=termination)
 
 
 def _image_dirs_under_tmp(venv: Path) -> list[Path]:
