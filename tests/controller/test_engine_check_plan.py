@@ -149,4 +149,8 @@ def test_a_failed_check_waits_for_the_deadline_and_then_on_deadline_applies(reas
     assert before.action == planner.NONE and before.requeue_after == pytest.approx(p.readiness.deadline_s - 601)
     assert next(c for c in before.conditions if c.type == "Untainted").reason == reason
     after = planner.plan_claim(claim, n, p, T0 + p.readiness.deadline_s + 1)
+    if reason == contract.Reason.MODEL_DOES_NOT_FIT and on_deadline == "replace":
+        # A new node of the same types would not fit it either: kept, and said why (deadline.UNFIXABLE_REASONS).
+        assert (after.action, after.deadline) == (planner.RECORD, "not_replaced")
+        return
     assert after.action == action and after.deadline == on_deadline

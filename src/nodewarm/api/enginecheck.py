@@ -7,9 +7,9 @@ compile caches, answered one completion and exited. The parts, and what passes b
    asks for the check on its own Node: ``REQUEST_ANNOTATION`` = ``Request`` (state ``requested`` and a fresh id). The
    agent cannot create the pod itself: on AL2023 it acts as the node, and NodeRestriction lets a node create
    only mirror pods.
-2. The controller (nodewarm/controller/enginecheck.py) creates the check pod from the profile's rendered PodTemplate
+2. The controller (nodewarm/controller/enginecheck/) creates the check pod from the profile's rendered PodTemplate
    (``template_name``, nodewarm/nodeclasses/enginecheck.py), bound to that node, named ``pod_name(profile, node,
-   id)`` and labelled ``pod_labels``; it deletes the pod once the node reports the outcome (or asks again).
+   id)`` and labelled ``labels(profile)``; it deletes the pod once the node reports the outcome (or asks again).
 3. The runner in the pod (`nodewarm engine-check`, nodewarm/bootstrap/enginecheck/runner.py; its flags are
    ``RunnerArgs``) boots vLLM with the rendered start script, argv and env, answers one completion, stops vLLM,
    judges the compile cache against the agent's baseline and writes a ``Result`` as the container's termination

@@ -130,9 +130,28 @@ def controller_rbac(p: WarmProfile, controller_namespace: str = CONTROLLER_NAMES
     ]
 
 
+def agent_rbac(p: WarmProfile) -> list[dict]:
+    """Where the agent is a DaemonSet (Auto Mode, Bottlerocket) it is a ServiceAccount, not the node: it follows its
+    node's check pod with a list and a watch in the serving namespace (a Role there), as it follows the image
+    pre-pull pod in its own. The AL2023 host agent acts as the node, whose Node authorizer already allows it."""
+    if not p.uses_daemonset:
+        return []
+    from nodewarm.userdata.daemonset import NAME as AGENT
+
+    name = f"{AGENT}-{contract.template_name(p.name)}"
+    meta = {"name": name, "namespace": p.serving.namespace, "labels": _labels(p)}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": p.bootstrap.namespace}]},
+    ]
+
+
 def manifests(p: WarmProfile, types: dict[str, InstanceType] | None = None,
               controller_namespace: str = CONTROLLER_NAMESPACE) -> list[dict]:
     """What `nodewarm render` adds for the engine check: nothing unless spec.readiness.engineCheck.enabled."""
     if not p.readiness.engine_check.enabled:
         return []
-    return [*controller_rbac(p, controller_namespace), pod_template(p, types)]
+    return [*controller_rbac(p, controller_namespace), *agent_rbac(p), pod_template(p, types)]

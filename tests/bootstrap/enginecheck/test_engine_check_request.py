@@ -190,3 +190,45 @@ def test_without_engine_check_the_agent_never_asks(kube, aws_env, node, warmprof
     md = node.get(NODES, NODE)["metadata"]
     assert enginecheck.REQUEST_ANNOTATION not in (md.get("annotations") or {})
     assert not [k for k in json.loads(md["annotations"]["nodewarm.io/timeline"]) if k.startswith("engine")]
+
+
+@pytest.mark.kube
+def test_on_auto_mode_the_agents_service_account_may_follow_the_check_pods_and_nothing_more(kube, k, tmp_path):
+    """The DaemonSet agent (Auto Mode, Bottlerocket) is a ServiceAccount, not the node: the rendered RBAC must let it
+    list and watch the check pods in the serving namespace (a Role there), and nothing wider."""
+    from nodewarm import instancetypes
+    from nodewarm.nodeclasses.render import render
+    from nodewarm.userdata import daemonset
+    from support.controller_fixtures import uniq
+    from support.rbac import apply_replacing
+
+    doc = v("automode", metadata__name=uniq("ecam"), spec__serving__namespace=uniq("llm"),
+            spec__bootstrap__namespace=uniq("nwsys"), spec__bootstrap__image="registry.example/nodewarm:0.1.0",
+            spec__readiness__engineCheck={"enabled": True, "image": IMAGE})
+    p = profile.from_dict(doc)
+    docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+    rbac = [d for d in docs if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+                                               "RoleBinding")]
+    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": p.serving.namespace}}] + rbac)
+    sa = kube.api_client(kube.service_account_token(p.bootstrap.namespace, daemonset.NAME))
+    r = Result(True, Reason.ENGINE_SERVED, "served", started_at=1.0, ready_at=2.0, first_token_at=2.1)
+    name = enginecheck.pod_name(p.name, NODE, "rq1")
+    answers: list = []
+    # Asked before the pod exists: the answer can only come through the watch.
+    t = threading.Thread(target=lambda: answers.append(request.wait(
+        sa, NODE, "rq1", namespace=p.serving.namespace, profile=p.name, timeout_s=20)), daemon=True)
+    t.start()
+    threading.Event().wait(2.0)
+    k.create(PODS, {"metadata": {"name": name, "labels": enginecheck.labels(p.name),
+                                 "annotations": {enginecheck.REQUEST_ID_ANNOTATION: "rq1"}},
+                    "spec": {"nodeName": NODE, "restartPolicy": "Never",
+                             "containers": [{"name": enginecheck.CONTAINER, "image": IMAGE}]},
+                    }, p.serving.namespace)
+    k.merge_patch(PODS, name, {"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": enginecheck.CONTAINER, "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "message": r.to_json()}}}]}}, sub="status", namespace=p.serving.namespace)
+    t.join(30)
+    assert answers == [r], answers[0].message if answers else "no answer"
+    # Nowhere else: another namespace's pods stay out of its watch.
+    other = request.wait(sa, NODE, "rq1", namespace="default", profile=p.name, timeout_s=1)
+    assert other.reason == Reason.ENGINE_CHECK_NOT_RUN and "may not list and watch" in other.message

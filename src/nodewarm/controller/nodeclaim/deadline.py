@@ -17,15 +17,19 @@ from nodewarm.api import lifecycle
 from nodewarm.api.decisions import ConditionType, DeadlineOutcome, Decision, EventReason, OnDeadline, Reason
 from nodewarm.api.generation import generation
 from nodewarm.api.names import GENERATION_LABEL, WARM_LABEL
+from nodewarm.api.enginecheck import Reason as EngineCheckReason
 from nodewarm.api.views import DISRUPTED_TAINT, Condition
 from nodewarm.api.warmprofile import WarmProfile, cold_mode
 
 from .phase import Lift, Observed, Step
 
-# Warm=False reasons a replacement node would hit again (instance type, sizes, IAM, the model source):
-# replacing would only burn instances, so onDeadline=replace keeps the node and says why instead.
+# Warm=False reasons a replacement node would hit again (instance type, sizes, IAM, the model source, a model or
+# KV cache that does not fit the type's GPUs as the engine check found): replacing would only burn instances, so
+# onDeadline=replace keeps the node and says why instead. A check's other failures may be this node's own (a bad
+# GPU, a bundle now marked stale that the next node will not restore): those are replaced.
 UNFIXABLE_REASONS = frozenset({"NotInstanceStore", "InsufficientNVMe", "InvalidModelSource", "S3AccessDenied",
-                               "S3ObjectMissing", "InvalidProfile", "InvalidArgument"})
+                               "S3ObjectMissing", "InvalidProfile", "InvalidArgument",
+                               EngineCheckReason.MODEL_DOES_NOT_FIT})
 
 # How soon a deadline replace held back for Karpenter's own disruption looks again (Karpenter drops its mark when
 # a disruption command fails or times out, after which nodewarm's deadline acts).
