@@ -122,11 +122,43 @@ def _startup(spawned: float, summary: dict) -> dict:
             "to_first_get_s": round(summary["first_request_at"] - spawned, 3)}
 
 
-def agent_startup(server, work: Path, rounds: int) -> dict:
+def _agent_run(work: Path, server, kubeconfig: Path, node: str, profile: str, env: dict) -> dict:
+    """One `bootstrap run --once` on a fresh mount, stopped once its weights are in: its start-up."""
+    mount = work / "nvme"
+    shutil.rmtree(mount, ignore_errors=True)
+    mount.mkdir()
+    os.sync()
+    spawned = time.time()
+    agent = subprocess.Popen([_nodewarm_bin(), "--log-level", "WARNING", "bootstrap", "run", "--profile", profile,
+                              "--mount", str(mount), "--node-name", node, "--kubeconfig", str(kubeconfig),
+                              "--skip-load-check", "--once", "--state-dir", str(work / "agent-state")],
+                             env={**os.environ, **server.env(), **env}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (found := list(mount.rglob(".nodewarm/summary.json"))):
+            if agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the agent wrote no weights summary (exit {agent.returncode})")
+            time.sleep(0.05)
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)  # its own session: only the agent and its children
+            agent.wait()
+    summary = json.loads(found[0].read_text())
+    if not summary["ok"]:
+        raise RuntimeError(f"the agent's pull failed: {summary['reason']}: {summary['message']}")
+    return _startup(spawned, summary)
+
+
+def agent_startup(server, work: Path, rounds: int, baseline_src: Path | None = None) -> dict:
     """`nodewarm bootstrap run --once` as a node starts it, against a local kube-apiserver (testenv): the node's
     own kubelet identity reads the WarmProfile, then the pull. Timed from the process's start to the first
     GET of model bytes; the agent is stopped once the weights are in (its compile-cache and GPU waits are not
-    start-up)."""
+    start-up). With ``baseline_src`` (another checkout's src/, e.g. `git worktree add /tmp/before HEAD~3`) each
+    round also runs that code's agent (same interpreter and venv, PYTHONPATH first), alternated with this one."""
     import yaml
     from kubernetes import client as k8s
 
@@ -150,36 +182,17 @@ def agent_startup(server, work: Path, rounds: int) -> dict:
         k8s.CoreV1Api(admin).create_node({"metadata": {"name": node}, "spec": {"taints": [
             {"key": doc["spec"]["readiness"]["taintKey"], "effect": "NoSchedule"}]}})
         kubeconfig = cluster.write_kubeconfig(work / "kubeconfig-node", cluster.node_token(node), f"system:node:{node}")
-        runs = []
-        for _ in range(rounds):
-            mount = work / "nvme"
-            shutil.rmtree(mount, ignore_errors=True)
-            mount.mkdir()
-            os.sync()
-            spawned = time.time()
-            agent = subprocess.Popen([_nodewarm_bin(), "--log-level", "WARNING", "bootstrap", "run", "--profile", name,
-                                      "--mount", str(mount), "--node-name", node, "--kubeconfig", str(kubeconfig),
-                                      "--skip-load-check", "--once", "--state-dir", str(work / "agent-state")],
-                                     env={**os.environ, **server.env()}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-            try:
-                deadline = time.monotonic() + 300
-                while not (found := list(mount.rglob(".nodewarm/summary.json"))):
-                    if agent.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"the agent wrote no weights summary (exit {agent.returncode})")
-                    time.sleep(0.05)
-            finally:
-                agent.terminate()
-                try:
-                    agent.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)  # its own session: only the agent and its children
-                    agent.wait()
-            summary = json.loads(found[0].read_text())
-            if not summary["ok"]:
-                raise RuntimeError(f"the agent's pull failed: {summary['reason']}: {summary['message']}")
-            runs.append(_startup(spawned, summary))
-        return {"runs": runs, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
+        variants = {"this": {}, **({"baseline": {"PYTHONPATH": str(baseline_src)}} if baseline_src else {})}
+        runs: dict[str, list] = {v: [] for v in variants}
+        order = list(variants)
+        for round_ in range(rounds):
+            for variant in order[round_ % len(order):] + order[:round_ % len(order)]:
+                runs[variant].append(_agent_run(work, server, kubeconfig, node, name, variants[variant]))
+        out = {"runs": runs["this"], **{k: statistics.median(r[k] for r in runs["this"]) for k in runs["this"][0]}}
+        if baseline_src:
+            out["baseline"] = {"src": str(baseline_src), "runs": runs["baseline"],
+                               **{k: statistics.median(r[k] for r in runs["baseline"]) for k in runs["baseline"][0]}}
+        return out
     finally:
         cluster.stop()
 
@@ -337,7 +350,8 @@ def bench_shape(args, files: int, file_mib: int) -> dict:
         if args.agent_startup:
             args.agent_startup = False  # once per bench run: it starts an API server
             try:
-                results["agent_startup"] = agent_startup(server, work, args.repeat)
+                results["agent_startup"] = agent_startup(server, work, args.agent_rounds or args.repeat,
+                                                         args.baseline_src)
             except Exception as e:  # noqa: BLE001 - no API server here must not hide the transfer figures
                 results["agent_startup"] = {"error": f"{type(e).__name__}: {e}"}
             print(f"{files}x{file_mib}MiB agent start-up {json.dumps(results['agent_startup'])}", flush=True)
@@ -388,6 +402,10 @@ def main() -> int:
     ap.add_argument("--agent-startup", action=argparse.BooleanOptionalAction, default=True,
                     help="also time `nodewarm bootstrap run` start -> first GET against a local kube-apiserver "
                          "(testenv; skipped with an error line when it cannot start)")
+    ap.add_argument("--agent-rounds", type=int, default=None, help="rounds of the agent start-up (default --repeat)")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="also time the agent start-up of another checkout's src/ (e.g. `git worktree add /tmp/before "
+                         "HEAD~3`: /tmp/before/src), alternated with this one in the same run, same API server")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where the server's data and every client's copy go (default: the temp dir). This VM's "
                          "disk, not the network, limits a durable pull here; /dev/shm stands in for a GPU node's "
@@ -419,7 +437,11 @@ def main() -> int:
         if "to_first_get_s" in res.get("agent_startup", {}):
             a = res["agent_startup"]
             print(f"{shape:12s} start-up, `bootstrap run` process start -> warm_weights / first GET: "
-                  f"{a['to_weights_s']} / {a['to_first_get_s']} s")
+                  f"{a['to_weights_s']} / {a['to_first_get_s']} s (runs: {[r['to_first_get_s'] for r in a['runs']]})")
+            if "baseline" in a:
+                b = a["baseline"]
+                print(f"{shape:12s} start-up, baseline {b['src']}: {b['to_weights_s']} / {b['to_first_get_s']} s "
+                      f"(runs: {[r['to_first_get_s'] for r in b['runs']]})")
     doc["load_avg_end"] = os.getloadavg()
     print(f"load average at start / end: {doc['load_avg']} / {doc['load_avg_end']}")
     out = args.out or REPO / "bench/results" / f"weights-{time.strftime('%Y%m%dT%H%M%S')}.json"
