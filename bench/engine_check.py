@@ -28,7 +28,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 
@@ -117,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             kube.apply_crds(all_crds())
             os.environ.update(server.env())
-            bucket = "bench-" + uuid.uuid4().hex[:8]
-            model = enginenode.make_model(tmp / "model", layers=args.layers)
-            server.create_bucket(bucket)
-            for f in sorted(model.iterdir()):
-                server.client().upload_file(str(f), bucket, f"models/tiny/{f.name}")
+            bucket = enginenode.upload_model(server, tmp, layers=args.layers)
             pair = signing.generate(tmp / "signing.pem")
             port = free_port()
             with_check, without = (_doc(bucket, pair.public, c, port) for c in (True, False))

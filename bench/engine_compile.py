@@ -27,7 +27,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from nodewarm import profile
@@ -81,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         server = s3server.start("seaweedfs", tmp / "s3")
         try:
             os.environ.update(server.env())
-            bucket = "bench-" + uuid.uuid4().hex[:8]
-            model = enginenode.make_model(tmp / "model", layers=args.layers)
-            server.create_bucket(bucket)
-            for f in sorted(model.iterdir()):
-                server.client().upload_file(str(f), bucket, f"models/tiny/{f.name}")
+            bucket = enginenode.upload_model(server, tmp, layers=args.layers)
             pair = signing.generate(tmp / "signing.pem")
             doc = _profile_doc(bucket, pair.public)
             p = profile.from_dict(doc)

@@ -23,7 +23,6 @@ One vLLM at a time (2.5 GB, minutes of CPU each).
 from __future__ import annotations
 
 import copy
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,12 +64,7 @@ def world(kube, k, s3_exact, tmp_path_factory):
     from nodewarm.bootstrap.compilecache import signing
 
     tmp = tmp_path_factory.mktemp("engine-check")
-    bucket = "ec-" + uuid.uuid4().hex[:10]
-    model = enginenode.make_model(tmp / "model", layers=2)
-    s3_exact.create_bucket(bucket)
-    client = s3_exact.client()
-    for f in sorted(model.iterdir()):
-        client.upload_file(str(f), bucket, f"models/tiny/{f.name}")
+    bucket = enginenode.upload_model(s3_exact, tmp, layers=2)
     pair = signing.generate(tmp / "signing.pem")
     doc = _doc(uniq("ec"), f"s3://{bucket}/models/tiny/", f"s3://{bucket}/cc/", pair.public)
     with pytest.MonkeyPatch.context() as mp:

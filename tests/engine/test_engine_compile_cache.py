@@ -80,12 +80,7 @@ def _doc(name: str, model_uri: str, cache_uri: str, verify_key: str, port: int, 
 @pytest.fixture(scope="module")
 def world(s3_exact, kube, admin, k, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine-cc")
-    bucket = "cc-" + uuid.uuid4().hex[:10]
-    model = enginenode.make_model(tmp / "model", layers=2)
-    s3_exact.create_bucket(bucket)
-    client = s3_exact.client()
-    for f in sorted(model.iterdir()):
-        client.upload_file(str(f), bucket, f"models/tiny/{f.name}")
+    bucket = enginenode.upload_model(s3_exact, tmp, layers=2)
     signing_dir = tmp / "signing-key"
     signing_dir.mkdir()
     pair = signing.generate(signing_dir / "signing.pem")

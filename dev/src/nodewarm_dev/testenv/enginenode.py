@@ -71,6 +71,20 @@ def make_model(dest: Path, **kw) -> Path:
     return dest
 
 
+def upload_model(server, work: Path, layers: int = 4, bucket: str | None = None) -> str:
+    """The tiny Llama made into ``work/model`` and uploaded to a new bucket of the local S3 ``server`` as a model
+    pushed with boto3 is (``upload_file`` defaults); its bucket. The model lies under ``models/tiny/`` there."""
+    import uuid
+
+    bucket = bucket or "tiny-" + uuid.uuid4().hex[:10]
+    model = make_model(work / "model", layers=layers)
+    server.create_bucket(bucket)
+    client = server.client()
+    for f in sorted(model.iterdir()):
+        client.upload_file(str(f), bucket, f"models/tiny/{f.name}")
+    return bucket
+
+
 def rendered_pod(p) -> tuple[dict, dict[str, dict], list[dict]]:
     """(pod spec, ConfigMaps by name, all documents) of ``nodewarm render`` for this profile."""
     from nodewarm import instancetypes
