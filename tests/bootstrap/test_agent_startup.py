@@ -278,3 +278,13 @@ def test_reader_client_certificate(mtls_server, tmp_path, monkeypatch, inline):
     assert got == {"kind": "Node", "metadata": {"name": "system:node:client"}, "path": "/api/v1/nodes/n1"}
     assert api._client is None
     assert list((tmp_path / "tmp").iterdir()) == []      # inline key material: its temp file is gone
+
+
+def test_a_malformed_kubeconfig_is_the_kubernetes_clients_to_report(tmp_path):
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [unclosed\n")
+    api = kubeconn.agent_api(str(bad))
+    assert api.reader is None
+    with pytest.raises(Exception) as e:
+        profilesource.get_profile(api, "any")
+    assert type(e.value).__module__.startswith(("kubernetes", "yaml"))

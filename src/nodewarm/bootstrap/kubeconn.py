@@ -307,8 +307,8 @@ def agent_api(kubeconfig: str | None) -> AgentApi:
     except Unsupported as e:
         log.info("kube.thin_reader_off", why=str(e))
         reader = None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        # Unreadable or malformed: the kubernetes client says so in its own words when it is made.
+    except Exception as e:  # noqa: BLE001 - unreadable or malformed (bad YAML too): the kubernetes client says so
+        # in its own words when it is made, as before this reader
         log.info("kube.thin_reader_off", why=f"{type(e).__name__}: {e}")
         reader = None
     return AgentApi(reader, lambda: _kubernetes_client(path))
