@@ -90,10 +90,12 @@ def test_the_controller_creates_replaces_and_deletes_the_check_pod(kube, k, fres
             # The kubelet ran it and recorded the runner's Result as the termination message.
             result = contract.Result(False, contract.Reason.COMPILE_CACHE_NOT_LOADED, "vLLM compiled again",
                                      compile_cache="miss", log_tail=("loading weights", "compiling graph 1/3"))
-            status = {**pod, "status": {"phase": "Failed", "containerStatuses": [{
+            # A patch of the status alone, as a kubelet writes it: the pod read above may have changed since (a PUT
+            # of that copy met a 409 once).
+            k.merge_patch(PODS, first, {"status": {"phase": "Failed", "containerStatuses": [{
                 "name": contract.CONTAINER, "ready": False, "restartCount": 0, "image": IMAGE, "imageID": "",
-                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": result.to_json()}}}]}}
-            k.request("PUT", PODS.path(first, serving, "status"), body=status)
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": result.to_json()}}}]}},
+                          sub="status", namespace=serving)
 
             # The agent asks again (a newer request): the old pod goes, the new one comes.
             ask(node_k, NODE, contract.Request("r2", "2027-01-15T08:05:00.000Z").to_json())
