@@ -93,7 +93,18 @@ def test_an_engine_that_never_answers_is_stopped_at_the_timeout(tmp_path):
     assert (r.passed, r.reason) == (False, Reason.ENGINE_CHECK_TIMED_OUT)
 
 
-def test_compiling_after_a_restore_stops_the_boot_and_marks_the_bundle_stale(tmp_path, s3_exact, monkeypatch, caplog):
+class _Events(logging.Handler):
+    """The runner's log events, caught on its own logger (nodewarm's root logger may not propagate: logs.setup)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.names: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.names.append(record.getMessage())
+
+
+def test_compiling_after_a_restore_stops_the_boot_and_marks_the_bundle_stale(tmp_path, s3_exact, monkeypatch):
     bucket = "ec-" + uuid.uuid4().hex[:10]
     s3_exact.create_bucket(bucket)
     uri = f"s3://{bucket}/cc/"
@@ -103,11 +114,18 @@ def test_compiling_after_a_restore_stops_the_boot_and_marks_the_bundle_stale(tmp
     # "compile" never serves: only the early stop ends it before the (long) timeout with this reason.
     a, _ = _args(tmp_path, "compile", restored=True, timeout=600, cache_uri=uri, envelope=env_key,
                  extra=("--write", str(write)))
-    with caplog.at_level(logging.INFO, logger="nodewarm.bootstrap.enginecheck"):
+    logger, events = logging.getLogger("nodewarm.bootstrap.enginecheck"), _Events()
+    level = logger.level
+    logger.addHandler(events)
+    logger.setLevel(logging.INFO)
+    try:
         r = runner.check(a)
+    finally:
+        logger.removeHandler(events)
+        logger.setLevel(level)
     assert (r.passed, r.reason, r.compile_cache, r.marked_stale) == (False, Reason.COMPILE_CACHE_NOT_LOADED, "miss",
                                                                      True)
-    assert any(rec.getMessage() == "enginecheck.compiling_after_restore" for rec in caplog.records)
+    assert "enginecheck.compiling_after_restore" in events.names
     assert r.ready_at is None                       # stopped while booting, not after serving
     assert store.exists(stale_key(env_key, 3))
     assert "marked stale" in r.message
