@@ -77,8 +77,13 @@ def test_bootstrap_run_sends_its_first_get_without_the_kubernetes_client(kube, a
     at_first_get = sorted({m.split(".")[0] for m in loaded} & {"kubernetes", "pydantic", "requests", "websocket",
                                                                  "oauthlib", "cryptography"})
     assert at_first_get == []
-    # The compile cache's restore (and its signature checks) waits for the first GET too.
-    assert "nodewarm.bootstrap.compilecache.restore" not in loaded
+    # Nor anything else the pull does not need: the compile cache (its key, bundles, zstd and signature checks),
+    # the engine check, the image pre-pull's pod watch. Their phases start after the first GET and import them then.
+    not_the_pulls = ("nodewarm.bootstrap.compilecache.restore", "nodewarm.bootstrap.compilecache.cachekey",
+                     "nodewarm.bootstrap.compilecache.bundle", "zstandard", "nodewarm.api.enginecheck",
+                     "nodewarm.bootstrap.enginecheck.request", "nodewarm.bootstrap.imageprepull",
+                     "nodewarm.bootstrap.podwatch")
+    assert [m for m in not_the_pulls if m in loaded] == []
 
 
 def test_reader_with_the_kubelet_token_reads_what_the_kubernetes_client_reads(kube, node, tmp_path):

@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.api.defaults import default
-from nodewarm.api.enginecheck import REQUEST_ANNOTATION as ENGINE_CHECK_ANNOTATION
-from nodewarm.api.enginecheck import Outcome, Reason, Result
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
@@ -43,14 +41,17 @@ from nodewarm.api.timeutil import fmt_time
 from nodewarm.api.warmprofile import DEFAULT_PREPULL_TIMEOUT_S
 
 from . import launchrecord
-from .compilecache import bundle, cachekey
 from .gpuwait import GPU_WAIT_S
 from .weights import WeightsConfig, WeightsSummary, warm_weights
 from .weights import progress as weights_progress
 from .weights.loadcheck import StreamerTuning
 
+# The compile cache and the engine check are imported where they run, after the weights' first GET: they are
+# not the pull's, and the agent's start-up is on the warm-up's critical path (tests/bootstrap/test_agent_startup.py).
 if TYPE_CHECKING:
-    from .compilecache import restore
+    from nodewarm.api.enginecheck import Outcome, Result
+
+    from .compilecache import bundle, cachekey, restore
 
 log = logs.get("bootstrap.agent")
 
@@ -160,9 +161,11 @@ class AgentConfig:
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
         """The host side of the vLLM pod's /compile-cache hostPath (api.podlayout)."""
+        from .compilecache.bundle import CacheDirs
+
         d = {k: Path(v) for k, v in cache_dirs(self.mount / CACHE_DIR).items()}
-        return bundle.CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
-                                base=self.mount / CACHE_DIR)
+        return CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
+                         base=self.mount / CACHE_DIR)
 
     @property
     def baseline_path(self) -> Path:
@@ -211,7 +214,9 @@ class AgentResult:
         if self.gpus is not None:
             out[GPUS_ANNOTATION] = self.gpus.annotation()
         if self.engine is not None:
-            out[ENGINE_CHECK_ANNOTATION] = self.engine.to_json()
+            from nodewarm.api.enginecheck import REQUEST_ANNOTATION
+
+            out[REQUEST_ANNOTATION] = self.engine.to_json()
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
@@ -374,6 +379,8 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
 
 def _engine(result: AgentResult, engine_check, timeline: dict[str, str]) -> AgentResult:
     """The engine check after the phases: its times in the timeline, its verdict the node's."""
+    from nodewarm.api.enginecheck import Outcome, Reason
+
     timeline[Timeline.ENGINE_CHECK_REQUESTED] = _stamp()
     request_id, r = engine_check()
     for key, at in ((Timeline.ENGINE_STARTED, r.started_at), (Timeline.ENGINE_READY, r.ready_at),
@@ -407,30 +414,38 @@ def image_waiter(cfg: AgentConfig, api_client):
     """The image phase bound to this node (None: the profile names no serving image to pre-pull)."""
     if not cfg.serving_image or api_client is None:
         return None
-    from .imageprepull import wait_for_image
 
-    return lambda stop: wait_for_image(api_client, cfg.node_name, cfg.serving_image, namespace=cfg.prepull_namespace,
-                                       profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
+    def wait(stop):
+        from .imageprepull import wait_for_image  # when the wait starts: after the weights' first GET
+
+        return wait_for_image(api_client, cfg.node_name, cfg.serving_image, namespace=cfg.prepull_namespace,
+                              profile=cfg.profile, deadline_s=cfg.prepull_deadline_s, stop=stop)
+    return wait
 
 
 def gpu_waiter(cfg: AgentConfig, api_client):
     """The GPU phase bound to this node (None: no API to read the Node with)."""
     if api_client is None:
         return None
-    from .gpuwait import wait_for_gpus
-
     started = time.monotonic()  # the deadline counts from the agent's start, not from the wait's (after the first GET)
-    return lambda stop: wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
-                                      taint_key=cfg.readiness_taint, stop=stop, started=started)
+
+    def wait(stop):
+        from .gpuwait import wait_for_gpus
+
+        return wait_for_gpus(api_client, cfg.node_name, cfg.gpus_wanted, deadline_s=cfg.gpu_wait_s,
+                             taint_key=cfg.readiness_taint, stop=stop, started=started)
+    return wait
 
 
 def engine_checker(cfg: AgentConfig, api_client):
     """The engine check bound to this node (None: the profile asks for none, or no API to ask through)."""
     if cfg.engine_check_s is None or api_client is None:
         return None
-    from .enginecheck import request
-
     def check() -> tuple[str, Result]:
+        from nodewarm.api.enginecheck import Reason, Result  # after the phases, not on the pull's path
+
+        from .enginecheck import request
+
         request_id = request.new_id()
         try:
             request.ask(api_client, cfg.node_name, request_id)

@@ -56,11 +56,12 @@ def _node_name(args: argparse.Namespace) -> str:
 
 
 def _follow_options(args: argparse.Namespace):
-    from .compilecache import cachekey
     from .follow import FollowOptions
 
     runtime = None
     if args.runtime:
+        from .compilecache import cachekey
+
         try:
             doc = json.loads(Path(args.runtime).read_text())
             runtime = (cachekey.probe_from_dict(doc["runtime"]), dict(doc["env"]))

@@ -16,11 +16,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.servingspec import ServingSpec
 
-from . import cachekey
+# cachekey where it runs: `bootstrap run` registers these parsers too, and its start-up is on the critical path.
+if TYPE_CHECKING:
+    from . import cachekey
 
 RUNTIME_HELP = ("JSON written by `nodewarm bootstrap compile-cache key --runtime-only` inside the serving image "
                 "(key/publish default: probe this process, which must be the serving image; restore default: the "
@@ -93,6 +96,8 @@ def _dirs(args):
 
 def _runtime(path: Path | None) -> tuple[cachekey.RuntimeProbe, dict[str, str]] | None:
     """The serving runtime from --runtime; None when not given."""
+    from . import cachekey
+
     if path is None:
         return None
     try:
@@ -120,7 +125,7 @@ def _spec(args) -> ServingSpec:
 
 def _factors(args) -> tuple[cachekey.Factors, cachekey.RuntimeProbe]:
     """Key factors where this process is the serving image (key, publish): its software, this node's hardware."""
-    from . import hardware
+    from . import cachekey, hardware
 
     probe, env = _runtime(args.runtime) or (cachekey.probe_runtime(), cachekey.serving_env(os.environ))
     hw = hardware.probe(args.host_root, _pairs(args.node_label, "--node-label"), env)
@@ -133,6 +138,8 @@ def _print(doc: dict) -> None:
 
 
 def _run_key(args) -> int:
+    from . import cachekey
+
     if args.runtime_only:
         _print({"runtime": dataclasses.asdict(cachekey.probe_runtime()), "env": cachekey.serving_env(os.environ)})
         return 0
