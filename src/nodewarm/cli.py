@@ -15,6 +15,7 @@ TOP_LEVEL = [
     "nodewarm.render_cli",        # render
     "nodewarm.nodeclasses.drift_cli",  # drift hash
     "nodewarm.bootstrap.cli",     # bootstrap weights | compile-cache | run ; publish
+    "nodewarm.bootstrap.enginecheck.cli",  # engine-check (the check pod's command)
     "nodewarm.controller.cli",    # controller
     "nodewarm.userdata.cli",      # package
     "nodewarm.status.cli",        # status
@@ -41,7 +42,7 @@ Typical flow:
 # the warm-up's critical path, and the other parts' modules (render, controller, demo, status) cost ~0.3 s
 # of imports it never uses (python -X importtime). tests/bootstrap/test_weights_cli.py checks these against TOP_LEVEL.
 AGENT_COMMANDS = {"bootstrap": "nodewarm.bootstrap.cli", "publish": "nodewarm.bootstrap.cli",
-                  "engine-check": "nodewarm.bootstrap.cli"}
+                  "engine-check": "nodewarm.bootstrap.enginecheck.cli"}
 
 
 def _command(argv: list[str]) -> str | None:

@@ -167,6 +167,3 @@ def register(sub) -> None:
     _add_weights(steps)
     cache_cli.register_bootstrap(steps)
     cache_cli.register_top(sub)
-    from .enginecheck import cli as engine_check_cli
-
-    engine_check_cli.register_top(sub)

@@ -23,7 +23,7 @@ Example (what the rendered pod runs):
 """
 
 
-def register_top(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     from nodewarm.api.enginecheck import add_runner_flags
 
     p = sub.add_parser("engine-check", help="boot vLLM once on this node and prove it serves (the check pod)",
