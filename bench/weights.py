@@ -153,12 +153,30 @@ def _agent_run(work: Path, server, kubeconfig: Path, node: str, profile: str, en
     return _startup(spawned, summary)
 
 
+# What a fresh process costs here before any of nodewarm runs, timed like the agent (spawn -> the moment named),
+# alternated with its rounds: the floor under its start-up. Any pull through botocore pays the S3 client's.
+STARTUP_FLOORS = {
+    "interpreter": "import time; print(time.time())",
+    "botocore_s3_client": "import botocore.session, time; botocore.session.get_session().create_client('s3'); "
+                          "print(time.time())",
+    "jsonschema_import": "import jsonschema, time; print(time.time())",
+}
+
+
+def _floor_run(code: str, env: dict) -> float:
+    spawned = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True).stdout
+    return round(float(out.split()[-1]) - spawned, 3)
+
+
 def agent_startup(server, work: Path, rounds: int, baseline_src: Path | None = None) -> dict:
     """`nodewarm bootstrap run --once` as a node starts it, against a local kube-apiserver (testenv): the node's
     own kubelet identity reads the WarmProfile, then the pull. Timed from the process's start to the first
     GET of model bytes; the agent is stopped once the weights are in (its compile-cache and GPU waits are not
     start-up). With ``baseline_src`` (another checkout's src/, e.g. `git worktree add /tmp/before HEAD~3`) each
-    round also runs that code's agent (same interpreter and venv, PYTHONPATH first), alternated with this one."""
+    round also runs that code's agent (same interpreter and venv, PYTHONPATH first), alternated with this one.
+    Each round also times STARTUP_FLOORS, so the agent's figure sits beside what it cannot go below here."""
     import yaml
     from kubernetes import client as k8s
 
@@ -184,11 +202,17 @@ def agent_startup(server, work: Path, rounds: int, baseline_src: Path | None = N
         kubeconfig = cluster.write_kubeconfig(work / "kubeconfig-node", cluster.node_token(node), f"system:node:{node}")
         variants = {"this": {}, **({"baseline": {"PYTHONPATH": str(baseline_src)}} if baseline_src else {})}
         runs: dict[str, list] = {v: [] for v in variants}
+        floors: dict[str, list] = {f: [] for f in STARTUP_FLOORS}
         order = list(variants)
         for round_ in range(rounds):
             for variant in order[round_ % len(order):] + order[:round_ % len(order)]:
                 runs[variant].append(_agent_run(work, server, kubeconfig, node, name, variants[variant]))
+            for floor, code in STARTUP_FLOORS.items():
+                floors[floor].append(_floor_run(code, server.env()))
         out = {"runs": runs["this"], **{k: statistics.median(r[k] for r in runs["this"]) for k in runs["this"][0]}}
+        out["floors"] = {f: {"median_s": statistics.median(t), "runs": t} for f, t in floors.items()}
+        out["above_s3_client_floor_s"] = round(out["to_first_get_s"] - out["floors"]["botocore_s3_client"]["median_s"],
+                                               3)
         if baseline_src:
             out["baseline"] = {"src": str(baseline_src), "runs": runs["baseline"],
                                **{k: statistics.median(r[k] for r in runs["baseline"]) for k in runs["baseline"][0]}}
@@ -438,6 +462,9 @@ def main() -> int:
             a = res["agent_startup"]
             print(f"{shape:12s} start-up, `bootstrap run` process start -> warm_weights / first GET: "
                   f"{a['to_weights_s']} / {a['to_first_get_s']} s (runs: {[r['to_first_get_s'] for r in a['runs']]})")
+            floors = ", ".join(f"{f} {v['median_s']}" for f, v in a["floors"].items())
+            print(f"{shape:12s} start-up floors, a fresh process here (spawn -> done, s): {floors}; the agent's first "
+                  f"GET is {a['above_s3_client_floor_s']} s above botocore's S3 client alone")
             if "baseline" in a:
                 b = a["baseline"]
                 print(f"{shape:12s} start-up, baseline {b['src']}: {b['to_weights_s']} / {b['to_first_get_s']} s "
