@@ -209,13 +209,14 @@ def agent_startup(server, work: Path, rounds: int, baseline_src: Path | None = N
                 runs[variant].append(_agent_run(work, server, kubeconfig, node, name, variants[variant]))
             for floor, code in STARTUP_FLOORS.items():
                 floors[floor].append(_floor_run(code, server.env()))
-        out = {"runs": runs["this"], **{k: statistics.median(r[k] for r in runs["this"]) for k in runs["this"][0]}}
-        out["floors"] = {f: {"median_s": statistics.median(t), "runs": t} for f, t in floors.items()}
+        out = {"runs": runs["this"],
+               **{k: round(statistics.median(r[k] for r in runs["this"]), 3) for k in runs["this"][0]}}
+        out["floors"] = {f: {"median_s": round(statistics.median(t), 3), "runs": t} for f, t in floors.items()}
         out["above_s3_client_floor_s"] = round(out["to_first_get_s"] - out["floors"]["botocore_s3_client"]["median_s"],
                                                3)
         if baseline_src:
             out["baseline"] = {"src": str(baseline_src), "runs": runs["baseline"],
-                               **{k: statistics.median(r[k] for r in runs["baseline"]) for k in runs["baseline"][0]}}
+                               **{k: round(statistics.median(r[k] for r in runs["baseline"]), 3) for k in runs["baseline"][0]}}
         return out
     finally:
         cluster.stop()
