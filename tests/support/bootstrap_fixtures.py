@@ -124,7 +124,7 @@ def node_kubeconfig(kube, tmp_path, node: str):
     return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
 
 
-def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, **pull):
+def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, stop=None, **pull):
     """warm_weights as tests use it: not on NVMe here, no headroom, small parts, fast bounded retries."""
     from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.s3client import RetryPolicy
@@ -135,7 +135,7 @@ def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = Fa
                  "request_timeout_s": 10.0, "retry": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.05), **pull}
     return warm_weights(WeightsConfig(uri=uri, dest=dest, allow_non_nvme=True, headroom=Headroom(0, 0),
                                       load_check=load_check, progress_interval_s=0.5, pull_overrides=overrides,
-                                      streamer=StreamerTuning() if stream_check else None))
+                                      streamer=StreamerTuning() if stream_check else None, stop=stop))
 
 
 def visible_files(dest: Path) -> dict[str, bytes]:

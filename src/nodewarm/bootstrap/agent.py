@@ -265,7 +265,7 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
 
 
 def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None,
-             first_get: threading.Event | None = None) -> WeightsSummary:
+             first_get: threading.Event | None = None, stop: threading.Event | None = None) -> WeightsSummary:
     """``first_get`` is set once the pull's first GET is out, or when this phase ends without one."""
     timeline[Timeline.WEIGHTS_STARTED] = _stamp()
 
@@ -280,7 +280,7 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
         with weights_progress.listening(heard):
             summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
-                                                 load_check=cfg.load_check, streamer=cfg.streamer))
+                                                 load_check=cfg.load_check, streamer=cfg.streamer, stop=stop))
     except NodewarmError:
         timeline[Timeline.WEIGHTS_FAILED] = _stamp()
         raise
@@ -337,27 +337,32 @@ def _gpus(gpu_wait, stop: threading.Event, timeline: dict[str, str], after: thre
 
 def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=None,
           live: LiveProgress | None = None) -> AgentResult:
-    stop = threading.Event()  # the weights failed: stop waiting for the image and GPUs, the node is not warm anyway
+    # Set when the weights failed (stop waiting for the image and GPUs: the node is not warm anyway), or when the
+    # agent is being stopped (SIGTERM raises SystemExit here, in the main thread): then the pull and the waits end
+    # too, or leaving the pool below would wait for them (a pull of the whole model, a 10-minute image wait).
+    stop = threading.Event()
     first_get = threading.Event()
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
-        weights = pool.submit(_weights, cfg, timeline, live, first_get)
+        weights = pool.submit(_weights, cfg, timeline, live, first_get, stop)
         cache_f = pool.submit(_compile_cache, cfg, timeline, first_get) if cfg.compile_cache_uri else None
         # The image and GPU waits start once the first GET is out too: their first API call makes the kubernetes
         # client (its import ~0.25 s), which would take the GIL from the pull's start (kubeconn.py).
         image_f = pool.submit(_image, image_wait, stop, timeline, first_get) if image_wait is not None else None
         gpus_f = pool.submit(_gpus, gpu_wait, stop, timeline, first_get) if gpu_wait is not None else None
         try:
-            summary = weights.result()
-        except NodewarmError as e:
-            stop.set()
-            log.error("agent.weights_failed", reason=e.reason, error=str(e))
-            return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}", timeline=timeline)
+            try:
+                summary = weights.result()
+            except NodewarmError as e:
+                stop.set()
+                log.error("agent.weights_failed", reason=e.reason, error=str(e))
+                return AgentResult(False, e.reason, f"weights not ready: {' '.join(str(e).split())}",
+                                   timeline=timeline)
+            cache = cache_f.result() if cache_f else None
+            image = image_f.result() if image_f else None
+            gpus = gpus_f.result() if gpus_f else None
         except BaseException:
             stop.set()
             raise
-        cache = cache_f.result() if cache_f else None
-        image = image_f.result() if image_f else None
-        gpus = gpus_f.result() if gpus_f else None
 
     message = (f"{summary.files} files, {summary.bytes} bytes verified in {cfg.dest} "
                f"({summary.downloaded_bytes} downloaded at {summary.throughput_mb_s:.0f} MB/s)")

@@ -120,6 +120,40 @@ def test_connection_below_the_low_speed_limit_is_dropped_and_the_part_retried(mo
     assert [e["error"] for e in retries if "slower than" in e["error"]] != []
 
 
+def test_a_stop_ends_the_pull_at_once_and_the_next_run_resumes(model, proxy, tmp_path):
+    """The agent sets WeightsConfig.stop when it is stopped (SIGTERM): the pull ends as PullStopped while its
+    GETs still flow, rather than running to the end of the model, and keeps its parts for the next run."""
+    files, uri = model
+    flowing = threading.Event()
+
+    def trickle(req):
+        if big_get(req):
+            flowing.set()
+            return Trickle(bytes_per_s=20_000)  # a 512 KiB part takes ~26 s: no part ends before the stop
+        return None
+
+    proxy.rule = trickle
+    stop, raised = threading.Event(), []
+
+    def run():
+        try:
+            warm(uri, tmp_path / "m", stop=stop)
+        except NodewarmError as e:
+            raised.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert flowing.wait(60)
+    stop.set()
+    t.join(60)  # a bound on a hang, far below the ~1 min the trickled pull would take to finish
+    assert not t.is_alive() and len(raised) == 1
+    assert_failed_cleanly(raised[0], tmp_path / "m", files, "PullStopped")
+    assert not any(name.endswith(".safetensors") for name in visible_files(tmp_path / "m"))
+    proxy.rule = lambda r: None
+    again = warm(uri, tmp_path / "m")  # what landed before the stop is kept, the rest fetched
+    assert again.ok and visible_files(tmp_path / "m") == files and again.skipped + again.downloaded_files == len(files)
+
+
 def test_server_that_stays_down_fails_with_s3unavailable(model, proxy, tmp_path):
     files, uri = model
     proxy.rule = lambda r: Reply(503, "SlowDown") if r.is_get else None

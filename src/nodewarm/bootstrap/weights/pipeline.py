@@ -55,6 +55,8 @@ class WeightsConfig:
     streamer: StreamerTuning | None = None
     exclude: tuple[str, ...] = ()
     progress_interval_s: float = 5.0
+    # Set by whoever runs the pull in a thread (the agent, on SIGTERM): the pull ends as PullStopped.
+    stop: threading.Event | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -255,7 +257,7 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             with phase("download"):
                 _download(client, uri, dest, state, decided.fetching(objects, on_keep), sum(o.size for o in likely),
                           local, pull_cfg, summary, cfg.progress_interval_s,
-                          on_ready=checker.submit_one if checker else None)
+                          on_ready=checker.submit_one if checker else None, stop=cfg.stop)
             fetch = decided.fetch
             summary.skipped, summary.changed = len(decided.keep), sum(1 for f in fetch if f.why == "changed")
             log.info("weights.plan", fetch=len(fetch), fetch_bytes=sum(f.obj.size for f in fetch),
@@ -363,7 +365,8 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
 
 def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Iterator[manifest.RemoteObject],
               expected_bytes: int, local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig,
-              summary: WeightsSummary, interval_s: float, on_ready=None) -> None:
+              summary: WeightsSummary, interval_s: float, on_ready=None,
+              stop: threading.Event | None = None) -> None:
     lock = threading.Lock()
     verified: Counter = Counter()
     saved_at = [time.monotonic()]
@@ -398,7 +401,7 @@ def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Itera
     try:
         with Progress("download", expected_bytes, interval_s) as progress:
             try:
-                s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file)
+                s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file, stop)
             finally:
                 summary.first_byte_at, summary.first_request_at = progress.first_byte_at, progress.first_request_at
     finally:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from nodewarm import logs
+from nodewarm.api.errors import NodewarmError
 
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
@@ -59,6 +60,8 @@ PARTIAL_DIR = ".nodewarm/partial"
 PART_SUFFIX, JOURNAL_SUFFIX = ".part", ".part.journal"
 # How long one presigned URL serves an object's parts (see _Pull._url).
 URL_REUSE_S = 300.0
+# How often the feeding thread looks at ``stop`` while the workers run: a stopped agent leaves within this.
+STOP_POLL_S = 0.25
 # A journal line is "<part> <digest hex>\n"; anything else (a line torn by a crash) is ignored.
 _JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8,64})\n")
 
@@ -298,8 +301,9 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 
 class _Pull:
     def __init__(self, client, bucket: str, dest: Path, config: PullConfig,
-                 progress: Progress, on_file: Callable[[PulledFile], None]):
+                 progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None):
         self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
+        self.stop = stop
         self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
         self.progress, self.on_file = progress, on_file
         self.cancelled = threading.Event()
@@ -342,6 +346,14 @@ class _Pull:
                 self.error = exc
         self.cancelled.set()
         self.all_done.set()
+
+    def _stopped(self) -> bool:
+        """``stop`` set: fail the pull as PullStopped (every worker stops at its next chunk)."""
+        if self.stop is None or not self.stop.is_set():
+            return False
+        self.fail(NodewarmError("the pull was stopped (the agent is shutting down); verified files stay, partial "
+                                "ones resume on the next run", reason="PullStopped"))
+        return True
 
     def _close_all(self) -> None:
         for f in self.files:
@@ -510,6 +522,8 @@ class _Pull:
         threads = [threading.Thread(target=self._worker, args=(verifier,), name=f"s3get-{n}", daemon=True)
                    for n in range(self.cfg.concurrency)]
         try:
+            if self._stopped():
+                objects = ()
             if isinstance(objects, (list, tuple)):
                 # All known up front: every file is preallocated before the first GET.
                 for obj in objects:
@@ -518,14 +532,15 @@ class _Pull:
             for t in threads:
                 t.start()
             for obj in objects:  # a stream (the HEADs still under way): each file's GETs start at once
-                if self.cancelled.is_set():
+                if self._stopped() or self.cancelled.is_set():
                     break
                 self.add(obj, verifier)
             with self.lock:
                 self.feeding = False
                 if self.pending == 0:
                     self.all_done.set()
-            self.all_done.wait()
+            while not self.all_done.wait(STOP_POLL_S):
+                self._stopped()
         except BaseException as e:  # KeyboardInterrupt: stop the workers, keep partials for resume
             self.fail(e)
         finally:
@@ -574,7 +589,7 @@ def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:
 
 
 def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, config: PullConfig,
-         progress: Progress, on_file: Callable[[PulledFile], None]) -> None:
+         progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None) -> None:
     """Download ``objects`` into ``dest`` (their rel paths), calling ``on_file`` as each one is verified.
 
     ``objects`` may be a list (every file is preallocated before the first GET) or an iterator still
@@ -582,6 +597,6 @@ def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, confi
     raised by the iterator stops the pull like any other.
     Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
     were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
-    a full disk).
+    a full disk). ``stop`` set (the agent is being stopped) ends the pull the same way, as PullStopped.
     """
-    _Pull(client, bucket, dest, config, progress, on_file).run(objects)
+    _Pull(client, bucket, dest, config, progress, on_file, stop).run(objects)
