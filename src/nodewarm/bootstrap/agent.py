@@ -446,6 +446,7 @@ def engine_checker(cfg: AgentConfig, api_client):
     """The engine check bound to this node (None: the profile asks for none, or no API to ask through)."""
     if cfg.engine_check_s is None or api_client is None:
         return None
+
     def check() -> tuple[str, Result]:
         from nodewarm.api.enginecheck import Reason, Result  # after the phases, not on the pull's path
 
