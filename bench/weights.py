@@ -240,7 +240,7 @@ def run_boto3(server, dest: Path, objects, tuned: bool) -> dict:
 
 
 def run_crt(server, dest: Path, objects) -> dict:
-    """The awscrt S3 client directly (boto3's own CRT path insists on TLS, see testenv.md)."""
+    """The awscrt S3 client directly (boto3's own CRT path insists on TLS: docs/testing.md, "The local S3 servers")."""
     from awscrt.auth import AwsCredentialsProvider
     from awscrt.http import HttpHeaders, HttpRequest
     from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup

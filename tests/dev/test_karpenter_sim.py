@@ -1,4 +1,5 @@
-"""The Karpenter stand-in does what karpenter-semantics.md §c says Karpenter does, and nothing more."""
+"""The Karpenter stand-in does what docs/karpenter.md ("Startup taints and the NodeClaim lifecycle") says Karpenter
+does, and nothing more."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A plain botocore client (what boto3.client returns, less boto3's transfer methods) on purpose: boto3's
 transfer manager switches to the CRT on p4d/p5/p6 when awscrt is installed and then drops our settings
-(see shared/reference/testenv.md); a plain client with our own threads behaves the same on a p5 as in
+(docs/testing.md, "The local S3 servers"); a plain client with our own threads behaves the same on a p5 as in
 tests. Endpoint, credentials and region come from the standard AWS environment (AWS_ENDPOINT_URL,
 AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_REGION...), read by botocore. botocore's own retries are off: ours
 classify errors (no retry storm on bad credentials) and back off with jitter.

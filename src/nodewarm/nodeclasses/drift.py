@@ -15,7 +15,7 @@ A NodeClaim is drifted, in the order Karpenter checks (kubernetes-sigs/karpenter
 
 ``would_drift(before, after)`` answers "does this edit change a hash", which is what the controller asks before it
 writes a live object. The Auto Mode NodeClass has no documented hash; every change of its spec counts (the safe
-side). Citations: ../shared/reference/karpenter-semantics.md, "Drift, exactly".
+side). Citations: docs/karpenter.md, "Drift".
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The local stand-ins for a cluster and AWS that the tests and the demo run against (shared/reference/testenv.md)."""
+"""The local stand-ins for a cluster and AWS that the tests and the demo run against (docs/testing.md)."""

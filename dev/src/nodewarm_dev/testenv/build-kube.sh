@@ -3,7 +3,7 @@
 # package, offline except for the Debian archive. No registry ships these binaries, so this is the
 # only way to get a real API server on a machine without Docker or internet.
 # Idempotent: exits at once when the binaries are already cached.
-# Recipe and the two required fixes: ../shared/reference/testenv.md.
+# Recipe and the two required fixes: docs/testing.md, "The local API server".
 set -euo pipefail
 
 OUT=${NODEWARM_KUBE_BIN:-$HOME/.cache/nodewarm/k8s}

@@ -1,5 +1,5 @@
 """A Karpenter stand-in for the local API server: it plays Karpenter's (and the kubelet's) part of a
-scale-up exactly as shared/reference/karpenter-semantics.md §c describes, and nothing more.
+scale-up exactly as docs/karpenter.md, "Startup taints and the NodeClaim lifecycle", describes, and nothing more.
 
 (Over 300 lines: one stand-in for what Karpenter does to NodeClaims and Nodes (scale-up, registration,
 initialization, drift, repair with its budgets, termination), each step the documented semantics; the steps share

