@@ -20,23 +20,21 @@ if [[ ${1:-} != --inside ]]; then
     log "note: uncommitted changes are not in the copy (it is a clone of HEAD, as CI's and a new user's is)"
   base=$(mktemp -d "${TMPDIR:-/tmp}/nodewarm-standalone.XXXXXX")
   copy=$base/nodewarm
+  # Hide the whole folder around this checkout (where a CI clone finds the upstream CRDs and notes beside it).
+  parent=$(dirname "$repo")
+  if [[ $parent == / || $copy == "$parent"/* ]]; then
+    log "the copy must lie outside $parent, which is hidden while it runs: set TMPDIR to a folder elsewhere"
+    exit 2
+  fi
   git clone -q --no-hardlinks "$repo" "$copy"
   git -C "$copy" remote remove origin          # the copy knows nothing of where it came from
-  # Hide the folder around this checkout (where a CI clone finds the upstream CRDs and notes beside it); when that
-  # folder is / or holds the copy, hide the checkout itself and any shared/ beside it.
-  parent=$(dirname "$repo")
-  hide=("$parent")
-  if [[ $parent == / || $copy == "$parent"/* ]]; then
-    hide=("$repo")
-    [[ -d $parent/shared ]] && hide+=("$parent/shared")
-  fi
   # Root can make a mount namespace as it is; anyone else gets one inside a user namespace mapped to root.
   ns=(unshare --mount --propagation private)
   [[ $(id -u) -eq 0 ]] || ns=(unshare --user --map-root-user --mount --propagation private)
   start=$(date +%s)
   rc=0
   env -u NODEWARM_CRDS_DIR -u NODEWARM_SERVING_VENV -u VIRTUAL_ENV -u PYTHONPATH \
-    "${ns[@]}" bash "$copy/scripts/check-standalone.sh" --inside "$copy" "${hide[@]}" || rc=$?
+    "${ns[@]}" bash "$copy/scripts/check-standalone.sh" --inside "$copy" "$parent" || rc=$?
   log "$( ((rc == 0)) && echo passed || echo "FAILED (exit $rc)") in $(( $(date +%s) - start )) s; copy: $copy"
   if [[ ${NODEWARM_STANDALONE_KEEP:-} != 1 && $rc -eq 0 ]]; then
     rm -rf "$base"
@@ -45,12 +43,9 @@ if [[ ${1:-} != --inside ]]; then
 fi
 
 # --- inside the private mount namespace, from the copy's own script ---------------------------------------------
-shift
-copy=$1; shift
-for d in "$@"; do
-  mount -t tmpfs -o size=1m,mode=0555 nodewarm-standalone-hidden "$d"
-  log "hidden: $d (an empty folder from here on)"
-done
+copy=$2 hidden=$3
+mount -t tmpfs -o size=1m,mode=0555 nodewarm-standalone-hidden "$hidden"
+log "hidden: $hidden (an empty folder from here on)"
 cd "$copy"
 logs=$copy/out/standalone
 mkdir -p "$logs"
