@@ -18,14 +18,19 @@ log() { echo "[standalone] $*" >&2; }
 if [[ ${1:-} != --inside ]]; then
   [[ -z $(git status --porcelain --untracked-files=no) ]] ||
     log "note: uncommitted changes are not in the copy (it is a clone of HEAD, as CI's and a new user's is)"
-  base=$(mktemp -d "${TMPDIR:-/tmp}/nodewarm-standalone.XXXXXX")
-  copy=$base/nodewarm
-  # Hide the whole folder around this checkout (where a CI clone finds the upstream CRDs and notes beside it).
+  # The copy goes where nothing of this checkout's folder is: that whole folder is hidden while it runs (a CI
+  # clone finds the upstream CRDs and notes beside it).
   parent=$(dirname "$repo")
-  if [[ $parent == / || $copy == "$parent"/* ]]; then
-    log "the copy must lie outside $parent, which is hidden while it runs: set TMPDIR to a folder elsewhere"
-    exit 2
-  fi
+  [[ $parent != / ]] || { log "the checkout's folder is /, which cannot be hidden: clone it into a folder"; exit 2; }
+  base=""
+  for tmp in ${TMPDIR:-} /tmp /var/tmp "$HOME"; do
+    [[ -n $tmp && -d $tmp ]] || continue
+    tmp=$(cd "$tmp" && pwd -P)
+    [[ $tmp == "$parent" || $tmp == "$parent"/* ]] && continue
+    base=$(mktemp -d "$tmp/nodewarm-standalone.XXXXXX") && break
+  done
+  [[ -n $base ]] || { log "no temporary folder outside $parent (set TMPDIR to one)"; exit 2; }
+  copy=$base/nodewarm
   git clone -q --no-hardlinks "$repo" "$copy"
   git -C "$copy" remote remove origin          # the copy knows nothing of where it came from
   # Root can make a mount namespace as it is; anyone else gets one inside a user namespace mapped to root.
