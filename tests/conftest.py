@@ -77,9 +77,9 @@ KUBE_NODE_NAMES = tuple(f"node-{i}" for i in range(8))
 
 @pytest.fixture(scope="session")
 def kube(tmp_path_factory):
-    """A real kube-apiserver + etcd with the upstream Karpenter CRDs, the WarmProfile CRD and the
-    (nodewarm-written) Auto Mode NodeClass test CRD installed. ``kube.api_client()`` is admin;
-    ``kube.api_client(kube.node_token("node-0"))`` is that node's kubelet identity."""
+    """A real kube-apiserver + etcd with Karpenter's CRDs in force (nodewarm's own, or a release's named by
+    NODEWARM_CRDS_DIR), the WarmProfile CRD and the (nodewarm-written) Auto Mode NodeClass test CRD installed.
+    ``kube.api_client()`` is admin; ``kube.api_client(kube.node_token("node-0"))`` is that node's kubelet identity."""
     from nodewarm_dev.testenv import kube as kubeenv
     from nodewarm_dev.testenv.crds import all_crds
 

@@ -18,6 +18,7 @@ from nodewarm.nodeclasses import crdvalidate, identity
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv.crds import AUTOMODE_TEST_CRD
+from support import crds as crdsupport
 from support import paths
 
 EXAMPLES = paths.EXAMPLES
@@ -47,7 +48,7 @@ def by_kind(docs, kind):
 
 
 def strict_crds():
-    return crdvalidate.load_dir(kubeenv.upstream_crd_files() + [AUTOMODE_TEST_CRD])
+    return crdsupport.strict_crds()
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -117,8 +118,10 @@ def test_the_al2023_example_pins_the_artifact_nodewarm_package_builds():
 def test_render_cli_checks_the_example_against_the_crds(name, tmp_path, capsys):
     crds = tmp_path / "crds"
     crds.mkdir()
-    for f in kubeenv.upstream_crd_files() + [AUTOMODE_TEST_CRD]:
-        shutil.copy(f, crds / f.name.replace(".test-crd", ""))
+    # The folder a user passes: one YAML file per CRD (the Karpenter CRDs in force, and the Auto Mode one).
+    for doc in kubeenv.karpenter_crds():
+        (crds / f"{doc['metadata']['name']}.yaml").write_text(yaml.safe_dump(doc))
+    shutil.copy(AUTOMODE_TEST_CRD, crds / AUTOMODE_TEST_CRD.name.replace(".test-crd", ""))
     assert main(["render", "-f", str(EXAMPLES / name), "--crds", str(crds)]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert by_kind(docs, "WarmProfile")["metadata"]["name"] == profile.load(EXAMPLES / name).name

@@ -47,6 +47,10 @@ once the rendered fields land (NodePoolDrifted, NodeClassDrift), and the pool's 
 (RequirementsDrifted). Karpenter replaces drifted nodes within the pool's disruption budgets. The controller's
 WouldDrift guard gives the same answer (one function, nodeclasses/driftpreview.py).
 
+Schema check: every NodePool and EC2NodeClass rendered is checked strictly against Karpenter's v1 CRDs as
+nodewarm models them (from Karpenter's Go types: the enums, patterns and defaults of the fields nodewarm writes);
+--crds DIR also checks every object against the CRD files of the Karpenter release you run.
+
 Exit codes: 0 ok (with --diff: nothing would drift); 3 with --diff: some NodeClaim would drift;
 2 invalid profile (the message names the field, the bad value and the fix);
 1 other failures (S3/EC2 or the cluster unreachable, CRD check failed).
@@ -88,6 +92,21 @@ def load_checked(path: str, source: str = "offline", measure: bool = False) -> t
     return p, types
 
 
+KARPENTER_GROUPS = ("karpenter.sh/", "karpenter.k8s.aws/")
+
+
+def check_karpenter_objects(documents: list[dict]) -> None:
+    """Every rendered Karpenter object against Karpenter's schema as nodewarm knows it (karpentercrds), so a value
+    Karpenter's API server would refuse or silently drop never leaves render, even without --crds."""
+    karpenter = [d for d in documents if str(d.get("apiVersion", "")).startswith(KARPENTER_GROUPS)]
+    report = crdvalidate.validate(karpenter, crdvalidate.builtin())
+    if report:
+        lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
+        raise NodewarmError("rendered objects fail Karpenter's schema (its v1 CRDs, as nodewarm models them); the "
+                            "profile field that sets each value needs a value Karpenter accepts:\n  "
+                            + "\n  ".join(lines), reason="CRDValidationFailed")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.crd:
         from nodewarm.api.schema import crd
@@ -103,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(deviceplugin.commands(args.device_plugin_patch, p.readiness.taint_key))
         return 0
     out = render(p, types, args.controller_namespace)
+    check_karpenter_objects(out.documents)
     if args.diff:
         from nodewarm import livediff
         from nodewarm.controller import credentials
@@ -169,8 +189,9 @@ def register(sub) -> None:
     r.add_argument("--instance-source", choices=["offline", "ec2"], default="offline",
                    help="where NVMe/GPU facts come from (default: built-in table)")
     r.add_argument("--measure", action="store_true", help="size the model from the S3 listing when sizeGB is omitted")
-    r.add_argument("--crds", help="also check every object strictly against the CRDs in this folder "
-                                  "(the pkg/apis/crds of the Karpenter release you run)")
+    r.add_argument("--crds", help="also check every object strictly against the CRDs in this folder (the "
+                                  "pkg/apis/crds of the Karpenter release you run); without it, the Karpenter objects "
+                                  "are checked against nodewarm's own model of Karpenter's v1 CRDs")
     r.add_argument("--with-controller", metavar="IMAGE",
                    help="also render the controller (Namespace, least-privilege RBAC, 2-replica Deployment) "
                         "running IMAGE; the CRD comes from --crd, applied first")

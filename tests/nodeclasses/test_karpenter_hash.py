@@ -227,9 +227,9 @@ def test_crd_defaults_are_applied_as_the_api_server_does():
 def test_crd_defaults_in_the_model_match_the_upstream_crds():
     import yaml
 
-    from nodewarm_dev.testenv.kube import crds_dir
+    from support.crds import upstream_dir
 
-    upstream_crd_dir = crds_dir()
+    upstream_crd_dir = upstream_dir()
 
     def schema(file, *path):
         doc = yaml.safe_load((upstream_crd_dir / file).read_text())

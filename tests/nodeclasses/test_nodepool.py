@@ -15,7 +15,7 @@ from nodewarm.api.errors import ProfileError
 from nodewarm.nodeclasses import crdvalidate, drift, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.nodeclasses.render import render
-from nodewarm_dev.testenv import kube as kubeenv
+from support import crds as crdsupport
 from support.builders import v
 
 RESERVED = ["cr-0123456789abcdef0"]
@@ -137,9 +137,8 @@ def test_nodepool_settings_that_cannot_work_are_refused_naming_field_and_fix(doc
         assert w in str(e)
 
 
-def test_everything_rendered_passes_the_upstream_crds_strictly():
-    crds = crdvalidate.load_dir(kubeenv.upstream_crd_files())
-    release = crdvalidate.load_dir(kubeenv.upstream_crd_files(kubeenv.crds_dir() / "release-v1.14.1"))
+def test_everything_rendered_passes_the_crds_in_force_strictly():
+    crds = crdsupport.strict_crds()
     doc = v(spec__nodes__capacityTypes=["reserved"], spec__nodes__capacityReservationIds=RESERVED,
             spec__nodes__limits={"cpu": "1000", "memory": "4Ti"},
             spec__nodes__disruption={"consolidateAfter": "Never", "budgets": [
@@ -147,7 +146,6 @@ def test_everything_rendered_passes_the_upstream_crds_strictly():
                 {"nodes": "100%", "reasons": ["Empty"]}]})
     node_docs = [d for d in docs_of(doc) if d["kind"] in ("NodePool", "EC2NodeClass")]
     assert crdvalidate.validate(node_docs, crds) == {}
-    assert crdvalidate.validate(node_docs, release) == {}
 
 
 # --- drift -------------------------------------------------------------------------------------------------------
@@ -428,7 +426,7 @@ def test_a_drift_pace_renders_budgets_for_reason_drifted(window, blocked):
         assert budgets[2] == {"nodes": "0", "reasons": ["Drifted"], **blocked}
     else:
         assert len(budgets) == 2
-    crds = crdvalidate.load_dir(kubeenv.upstream_crd_files())
+    crds = crdsupport.strict_crds()
     assert crdvalidate.validate([pool_of(v(spec__nodes__disruption={"drift": pace}))], crds) == {}
 
 

@@ -15,8 +15,7 @@ from nodewarm.api import prepullpod
 from nodewarm.nodeclasses import crdvalidate, prepull
 from nodewarm.api.names import PROFILE_LABEL
 from nodewarm.nodeclasses.render import render
-from nodewarm_dev.testenv import kube as kubeenv
-from nodewarm_dev.testenv.crds import AUTOMODE_TEST_CRD
+from support import crds as crdsupport
 from support.builders import v
 
 
@@ -281,7 +280,7 @@ def _missing(sent, stored, path="spec") -> list[str]:
 
 
 def _strict_crds():
-    return crdvalidate.load_dir(kubeenv.upstream_crd_files() + [AUTOMODE_TEST_CRD])
+    return crdsupport.strict_crds()
 
 
 @pytest.mark.parametrize("name", LAUNCHERS)
@@ -301,8 +300,7 @@ def test_strict_crd_check_catches_what_the_server_would_prune():
 
 
 def test_release_crds_accept_the_rendered_objects_too():
-    release = kubeenv.crds_dir() / "release-v1.14.1"
-    crds = crdvalidate.load_dir(kubeenv.upstream_crd_files(release))
+    crds = crdsupport.upstream_crds(crdsupport.upstream_release_dir())
     assert crdvalidate.validate(rendered(v()), crds) == {}
 
 

@@ -86,19 +86,29 @@ def load_crd(doc: dict, version: str | None = None) -> CrdSchema:
     return CrdSchema(spec["group"], spec["names"]["kind"], chosen["name"], schema)
 
 
-def load_dir(paths: list[Path]) -> dict[tuple[str, str], CrdSchema]:
-    """(apiVersion, kind) -> schema, for every CRD in the given files, plus nodewarm's own WarmProfile
-    CRD (render emits WarmProfile documents; fail-closed validation must know their schema)."""
+def load_docs(docs: list[dict]) -> dict[tuple[str, str], CrdSchema]:
+    """(apiVersion, kind) -> schema, for every CustomResourceDefinition among ``docs``, plus nodewarm's own
+    WarmProfile CRD (render emits WarmProfile documents; fail-closed validation must know their schema)."""
     from nodewarm.api.schema import crd as warmprofile_crd
 
-    own = load_crd(warmprofile_crd())
-    out = {(own.api_version, own.kind): own}
-    for p in paths:
-        for doc in yaml.safe_load_all(Path(p).read_text()):
-            if doc and doc.get("kind") == "CustomResourceDefinition":
-                c = load_crd(doc)
-                out[(c.api_version, c.kind)] = c
+    out = {}
+    for doc in [warmprofile_crd(), *docs]:
+        if doc and doc.get("kind") == "CustomResourceDefinition":
+            c = load_crd(doc)
+            out[(c.api_version, c.kind)] = c
     return out
+
+
+def load_dir(paths: list[Path]) -> dict[tuple[str, str], CrdSchema]:
+    """``load_docs`` of every document in the given CRD files."""
+    return load_docs([d for p in paths for d in yaml.safe_load_all(Path(p).read_text())])
+
+
+def builtin() -> dict[tuple[str, str], CrdSchema]:
+    """Karpenter's CRDs as nodewarm generates them from Karpenter's Go types (karpentercrds), and WarmProfile's."""
+    from .karpentercrds import crds
+
+    return load_docs(crds())
 
 
 # API groups the API server itself serves (core is ""): no CRD describes them, the server validates them.

@@ -23,9 +23,12 @@ value is what decides drift on the edges: a nil pointer, slice or map is zero, b
 ``""`` and an empty list or map are not (``detailedMonitoring: false`` differs from absent, ``startupTaints:
 []`` from absent). Durations are nanoseconds (``720h`` equals ``43200m``).
 
-The Go types are described below as data (name, JSON name, Go type, tag), read from those files; the objects
-are decoded from JSON the way ``encoding/json`` fills those structs, after the CRD defaults the API server
-applies (``expireAfter: 720h``, ``metadataOptions``). Verified against upstream's static values in
+The Go types are described below as data (name, JSON name, Go type, tag, and the kubebuilder validation markers
+that become the CRD schema), read from those files; the objects are decoded from JSON the way ``encoding/json``
+fills those structs, after the CRD defaults the API server applies (``expireAfter: 720h``, ``metadataOptions``).
+The same descriptions are the schema of the CRDs nodewarm writes for its test environment and checks its own
+render against (``karpentercrds.py``), so the hash and the schema cannot disagree on a field, a type or a default.
+Verified against upstream's static values in
 ``pkg/apis/v1/ec2nodeclass_hash_test.go`` (tests/nodeclasses/test_karpenter_hash.py).
 """
 
@@ -80,7 +83,7 @@ def _finish(a: int) -> int:
 
 @dataclass(frozen=True)
 class Scalar:
-    kind: str            # "string", "bool", "int32", "int64", "uint64", "float64"
+    kind: str            # "string", "bool", "int" (Go int, 64-bit), "int32", "int64", "uint64", "float64"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ class Field:
     ignore: bool = False          # hash:"ignore"
     stringer: object = None       # hash:"string": a function giving the value's String()
     default: object = None        # the CRD default the API server applies when the field is absent
+    required: bool = False        # +required (the JSON tag has no omitempty)
+    schema: dict | None = None    # the field's other validation markers, as OpenAPI (enum, pattern, maxItems, ...)
 
 
 @dataclass(frozen=True)
@@ -113,11 +118,13 @@ class Struct:
     name: str                     # Go type name: the first thing hashed
     fields: tuple[Field, ...]
     decode: object = None         # JSON -> {field: value} when the type has its own UnmarshalJSON
+    schema: dict | None = None    # the OpenAPI of its JSON form, when that is not an object of its fields
 
 
 @dataclass(frozen=True)
 class Opaque:
-    """A value decoded from JSON that is never hashed (only whether it is zero matters)."""
+    """A value decoded from JSON that is never hashed (only whether it is zero matters); ``schema`` is its OpenAPI."""
+    schema: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +202,9 @@ def _decode(t, v, where: str, unknown: list[str]):
                 raw = v.get(f.json)
                 if raw is None and f.default is not None:
                     raw = copy.deepcopy(f.default)
-                out.values[f.name] = _decode(f.type, raw, f"{where}.{f.json}", unknown)
+                # A hash:"ignore" field is never walked; only whether it is nil counts, so it stays as JSON.
+                out.values[f.name] = (copy.deepcopy(raw) if f.ignore
+                                      else _decode(f.type, raw, f"{where}.{f.json}", unknown))
         known = {f.json for f in t.fields}
         unknown.extend(f"{where}.{k}" for k in v if k not in known)
         return out
@@ -236,7 +245,8 @@ def _is_zero(t, v) -> bool:
     if isinstance(t, (Ptr, Slice, Map, Time, Opaque)):
         return v is None
     if isinstance(t, Struct):
-        return all(_is_zero(f.type, v.values.get(f.name, _zero(f.type))) for f in t.fields)
+        return all(v.values.get(f.name) is None if f.ignore else _is_zero(f.type, v.values.get(f.name, _zero(f.type)))
+                   for f in t.fields)
     return v == _zero(t) and type(v) is type(_zero(t))
 
 
@@ -292,7 +302,7 @@ def _visit(t, v) -> int:
         return fnv64(v.encode())
     if t.kind == "bool":
         return fnv64(b"\x01" if v else b"\x00")
-    fmt = {"int32": "<i", "int64": "<q", "uint64": "<Q"}[t.kind]
+    fmt = {"int32": "<i", "int64": "<q", "int": "<q", "uint64": "<Q"}[t.kind]
     return fnv64(struct.pack(fmt, v))
 
 
@@ -421,6 +431,20 @@ def kubelet_string(kubelet) -> str:
 
 
 # --- the structs --------------------------------------------------------------------------------------------------
+# Each field as the Go source declares it, with its kubebuilder markers (+kubebuilder:validation:Enum, Pattern,
+# MaxItems, Minimum, +kubebuilder:default, +required) as OpenAPI: the hash walks the types, karpentercrds.py turns
+# the same descriptions into the CRDs' schemas.
+
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}     # resource.Quantity
+QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*(\/))?"
+                  r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+DURATION_OR_NEVER = r"^(([0-9]+(s|m|h))+|Never)$"
+TAINT_EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+DATE_TIME = {"type": "string", "format": "date-time"}
+
 
 def _metav1_duration(v, where):
     # metav1.Duration{Duration time.Duration}, JSON "30m" (UnmarshalJSON: time.ParseDuration).
@@ -442,50 +466,96 @@ def _nillable_duration(v, where):
     return GoStruct(t, {"Duration": parse_go_duration(v, where), "Raw": v})
 
 
-METAV1_DURATION = Struct("Duration", (Field("Duration", "", DURATION_NS),), decode=_metav1_duration)
+METAV1_DURATION = Struct("Duration", (Field("Duration", "", DURATION_NS),), decode=_metav1_duration,
+                         schema={"type": "string"})
 NILLABLE_DURATION = Struct("NillableDuration", (Field("Duration", "", Ptr(DURATION_NS)),
-                                                Field("Raw", "", Opaque(), ignore=True)), decode=_nillable_duration)
+                                                Field("Raw", "", Opaque(), ignore=True)), decode=_nillable_duration,
+                           schema={"type": "string", "pattern": DURATION_OR_NEVER})
 
 def _metav1_time(v, where):
     # metav1.Time is struct{time.Time}; its JSON is the RFC 3339 string of the embedded time.
     return GoStruct(METAV1_TIME, {} if v is None else {"Time": _decode(Time(), v, where, [])})
 
 
-METAV1_TIME = Struct("Time", (Field("Time", "", Time()),), decode=_metav1_time)
-TAINT = Struct("Taint", (Field("Key", "key", STRING), Field("Value", "value", STRING),
-                         Field("Effect", "effect", STRING), Field("TimeAdded", "timeAdded", Ptr(METAV1_TIME))))
+METAV1_TIME = Struct("Time", (Field("Time", "", Time()),), decode=_metav1_time, schema=DATE_TIME)
+TAINT = Struct("Taint", (
+    Field("Key", "key", STRING, required=True, schema={"minLength": 1, "pattern": QUALIFIED_NAME}),
+    Field("Value", "value", STRING, schema={"pattern": QUALIFIED_NAME}),
+    Field("Effect", "effect", STRING, required=True, schema={"enum": TAINT_EFFECTS}),
+    Field("TimeAdded", "timeAdded", Ptr(METAV1_TIME))))
+_TAINTS = {"x-kubernetes-list-type": "atomic"}
+
+REQUIREMENT = Struct("NodeSelectorRequirementWithMinValues", (
+    Field("Key", "key", STRING, required=True, schema={"maxLength": 316, "pattern": QUALIFIED_NAME}),
+    Field("Operator", "operator", STRING, required=True,
+          schema={"enum": ["Gte", "Lte", "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]}),
+    Field("Values", "values", Slice(STRING), schema={"x-kubernetes-list-type": "atomic"}),
+    Field("MinValues", "minValues", Ptr(Scalar("int")), schema={"minimum": 1, "maximum": 50}),
+))
+NODECLASS_REFERENCE = Struct("NodeClassReference", (
+    Field("Kind", "kind", STRING, required=True), Field("Name", "name", STRING, required=True),
+    Field("Group", "group", STRING, required=True, schema={"pattern": r"^[^/]*$"})))
+
+# The fields NodeClaimTemplateSpec (NodePool) and NodeClaimSpec share, in declaration order.
+NODECLAIM_TAINTS = Field("Taints", "taints", Slice(TAINT), schema=_TAINTS)
+NODECLAIM_STARTUP_TAINTS = Field("StartupTaints", "startupTaints", Slice(TAINT), schema=_TAINTS)
+NODECLAIM_REQUIREMENTS = Field("Requirements", "requirements", Slice(REQUIREMENT), ignore=True, required=True,
+                               schema={"maxItems": 100, "x-kubernetes-list-type": "atomic"})
+NODECLAIM_NODECLASS_REF = Field("NodeClassRef", "nodeClassRef", Ptr(NODECLASS_REFERENCE), required=True)
+NODECLAIM_TERMINATION_GRACE = Field("TerminationGracePeriod", "terminationGracePeriod", Ptr(METAV1_DURATION),
+                                   schema={"pattern": r"^([0-9]+(s|m|h))+$"})
+NODECLAIM_EXPIRE_AFTER = Field("ExpireAfter", "expireAfter", NILLABLE_DURATION, default="720h")
 
 NODECLAIM_TEMPLATE = Struct("NodeClaimTemplate", (
-    Field("ObjectMeta", "metadata", Struct("ObjectMeta", (Field("Labels", "labels", Map(STRING)),
-                                                          Field("Annotations", "annotations", Map(STRING))))),
+    Field("ObjectMeta", "metadata", Struct("ObjectMeta", (
+        Field("Labels", "labels", Map(STRING), schema={"maxProperties": 100, "x-kubernetes-map-type": "atomic",
+                                                       "additionalProperties": {"maxLength": 63,
+                                                                                "pattern": LABEL_VALUE}}),
+        Field("Annotations", "annotations", Map(STRING), schema={"x-kubernetes-map-type": "granular"})))),
     Field("Spec", "spec", Struct("NodeClaimTemplateSpec", (
-        Field("Taints", "taints", Slice(TAINT)),
-        Field("StartupTaints", "startupTaints", Slice(TAINT)),
-        Field("Requirements", "requirements", Opaque(), ignore=True),
-        Field("NodeClassRef", "nodeClassRef", Ptr(Struct("NodeClassReference", (
-            Field("Kind", "kind", STRING), Field("Name", "name", STRING), Field("Group", "group", STRING))))),
-        Field("TerminationGracePeriod", "terminationGracePeriod", Ptr(METAV1_DURATION)),
-        Field("ExpireAfter", "expireAfter", NILLABLE_DURATION, default="720h"),
-    ))),
+        NODECLAIM_TAINTS, NODECLAIM_STARTUP_TAINTS, NODECLAIM_REQUIREMENTS, NODECLAIM_NODECLASS_REF,
+        NODECLAIM_TERMINATION_GRACE, NODECLAIM_EXPIRE_AFTER,
+    )), required=True),
 ))
 # NodeClaimTemplateSpec has no resources in the NodePool (the CRD has none); NodeClaimSpec's is hash:"ignore".
 
-_SELECTOR = Opaque()   # selector terms: hash:"ignore", they drift by their resolved values
 _STRING_MAP = Map(STRING)
+_TAGS = Field("Tags", "tags", _STRING_MAP, schema={"maxProperties": 20})
+# Selector terms are hash:"ignore": they drift by the values they resolve to (status), not by how they are written.
+SUBNET_SELECTOR_TERM = Struct("SubnetSelectorTerm", (
+    _TAGS, Field("ID", "id", STRING, schema={"pattern": "subnet-[0-9a-z]+"})))
+SECURITY_GROUP_SELECTOR_TERM = Struct("SecurityGroupSelectorTerm", (
+    _TAGS, Field("ID", "id", STRING, schema={"pattern": "sg-[0-9a-z]+"}), Field("Name", "name", STRING)))
+CAPACITY_RESERVATION_SELECTOR_TERM = Struct("CapacityReservationSelectorTerm", (
+    _TAGS, Field("ID", "id", STRING, schema={"pattern": "^cr-[0-9a-z]+$"}),
+    Field("OwnerID", "ownerID", STRING, schema={"pattern": "^[0-9]{12}$"}),
+    Field("InstanceMatchCriteria", "instanceMatchCriteria", STRING, schema={"enum": ["open", "targeted"]})))
+AMI_SELECTOR_TERM = Struct("AMISelectorTerm", (
+    Field("Alias", "alias", STRING, schema={"maxLength": 30}), _TAGS,
+    Field("ID", "id", STRING, schema={"pattern": "ami-[0-9a-z]+"}), Field("Name", "name", STRING),
+    Field("Owner", "owner", STRING), Field("SSMParameter", "ssmParameter", STRING)))
+
+_RESERVED = {"additionalProperties": {"pattern": QUANTITY_PATTERN}}
+_EVICTION_SIGNAL = {"additionalProperties": {                         # a percentage, empty, or a quantity
+    "pattern": r"^((\d{1,2}(\.\d{1,2})?|100(\.0{1,2})?)%||" + QUANTITY_PATTERN[1:-1] + ")$"}}
+_PERCENT = {"minimum": 0, "maximum": 100}
 KUBELET_V5 = Struct("KubeletConfiguration", (
     Field("ClusterDNS", "clusterDNS", Slice(STRING)),
-    Field("MaxPods", "maxPods", Ptr(INT32)),
-    Field("PodsPerCore", "podsPerCore", Ptr(INT32)),
-    Field("SystemReserved", "systemReserved", _STRING_MAP),
-    Field("KubeReserved", "kubeReserved", _STRING_MAP),
-    Field("EvictionHard", "evictionHard", _STRING_MAP),
-    Field("EvictionSoft", "evictionSoft", _STRING_MAP),
+    Field("MaxPods", "maxPods", Ptr(INT32), schema={"minimum": 0}),
+    Field("PodsPerCore", "podsPerCore", Ptr(INT32), schema={"minimum": 0}),
+    Field("SystemReserved", "systemReserved", _STRING_MAP, schema=_RESERVED),
+    Field("KubeReserved", "kubeReserved", _STRING_MAP, schema=_RESERVED),
+    Field("EvictionHard", "evictionHard", _STRING_MAP, schema=_EVICTION_SIGNAL),
+    Field("EvictionSoft", "evictionSoft", _STRING_MAP, schema=_EVICTION_SIGNAL),
     Field("EvictionSoftGracePeriod", "evictionSoftGracePeriod", Map(METAV1_DURATION)),
     Field("EvictionMaxPodGracePeriod", "evictionMaxPodGracePeriod", Ptr(INT32)),
-    Field("ImageGCHighThresholdPercent", "imageGCHighThresholdPercent", Ptr(INT32)),
-    Field("ImageGCLowThresholdPercent", "imageGCLowThresholdPercent", Ptr(INT32)),
+    Field("ImageGCHighThresholdPercent", "imageGCHighThresholdPercent", Ptr(INT32), schema=_PERCENT),
+    Field("ImageGCLowThresholdPercent", "imageGCLowThresholdPercent", Ptr(INT32), schema=_PERCENT),
     Field("CPUCFSQuota", "cpuCFSQuota", Ptr(BOOL)),
 ))
+EBS_VOLUME_SIZE = (r"^((?:[1-9][0-9]{0,3}|[1-4][0-9]{4}|[5][0-8][0-9]{3}|59000)Gi|"
+                   r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|[6][0-3][0-9]{3}|64000)G|"
+                   r"([1-9]||[1-5][0-7]|58)Ti|([1-9]||[1-5][0-9]|6[0-3]|64)T)$")
 BLOCK_DEVICE_MAPPING = Struct("BlockDeviceMapping", (
     Field("DeviceName", "deviceName", Ptr(STRING)),
     Field("EBS", "ebs", Ptr(Struct("BlockDevice", (
@@ -495,54 +565,70 @@ BLOCK_DEVICE_MAPPING = Struct("BlockDeviceMapping", (
         Field("KMSKeyID", "kmsKeyID", Ptr(STRING)),
         Field("SnapshotID", "snapshotID", Ptr(STRING)),
         Field("Throughput", "throughput", Ptr(INT64)),
-        Field("VolumeInitializationRate", "volumeInitializationRate", Ptr(INT32)),
-        Field("VolumeSize", "volumeSize", Ptr(Opaque()), stringer=quantity_string),   # *resource.Quantity
-        Field("VolumeType", "volumeType", Ptr(STRING)),
+        Field("VolumeInitializationRate", "volumeInitializationRate", Ptr(INT32),
+              schema={"minimum": 100, "maximum": 300}),
+        Field("VolumeSize", "volumeSize", Ptr(Opaque({"type": "string", "pattern": EBS_VOLUME_SIZE})),
+              stringer=quantity_string),                                                    # *resource.Quantity
+        Field("VolumeType", "volumeType", Ptr(STRING),
+              schema={"enum": ["standard", "io1", "io2", "gp2", "sc1", "st1", "gp3"]}),
     )))),
     Field("RootVolume", "rootVolume", BOOL),
 ))
 METADATA_OPTIONS_DEFAULT = {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled", "httpPutResponseHopLimit": 1,
                             "httpTokens": "required"}
+_ENABLED_DISABLED = {"enum": ["enabled", "disabled"]}
 METADATA_OPTIONS = Struct("MetadataOptions", (
-    Field("HTTPEndpoint", "httpEndpoint", Ptr(STRING), default="enabled"),
-    Field("HTTPProtocolIPv6", "httpProtocolIPv6", Ptr(STRING), default="disabled"),
-    Field("HTTPPutResponseHopLimit", "httpPutResponseHopLimit", Ptr(INT64), default=1),
-    Field("HTTPTokens", "httpTokens", Ptr(STRING), default="required"),
+    Field("HTTPEndpoint", "httpEndpoint", Ptr(STRING), default="enabled", schema=_ENABLED_DISABLED),
+    Field("HTTPProtocolIPv6", "httpProtocolIPv6", Ptr(STRING), default="disabled", schema=_ENABLED_DISABLED),
+    Field("HTTPPutResponseHopLimit", "httpPutResponseHopLimit", Ptr(INT64), default=1,
+          schema={"minimum": 1, "maximum": 64}),
+    Field("HTTPTokens", "httpTokens", Ptr(STRING), default="required", schema={"enum": ["required", "optional"]}),
 ))
+AMI_FAMILIES = ["AL2", "AL2023", "Bottlerocket", "Custom", "Windows2019", "Windows2022", "Windows2025"]
 
 
 def _ec2nodeclass_spec(version: str) -> Struct:
+    # v6 (main) made kubelet an open map the hash skips and folds in as a string; v5 is the typed struct above.
     kubelet = (Field("Kubelet", "kubelet", Ptr(KUBELET_V5)) if version == "v5"
-               else Field("Kubelet", "kubelet", Opaque(), ignore=True))
+               else Field("Kubelet", "kubelet", ignore=True,
+                          type=Opaque({"type": "object", "x-kubernetes-preserve-unknown-fields": True})))
     return Struct("EC2NodeClassSpec", (
-        Field("SubnetSelectorTerms", "subnetSelectorTerms", _SELECTOR, ignore=True),
-        Field("SecurityGroupSelectorTerms", "securityGroupSelectorTerms", _SELECTOR, ignore=True),
-        Field("CapacityReservationSelectorTerms", "capacityReservationSelectorTerms", _SELECTOR, ignore=True),
+        Field("SubnetSelectorTerms", "subnetSelectorTerms", Slice(SUBNET_SELECTOR_TERM), ignore=True, required=True,
+              schema={"maxItems": 30}),
+        Field("SecurityGroupSelectorTerms", "securityGroupSelectorTerms", Slice(SECURITY_GROUP_SELECTOR_TERM),
+              ignore=True, required=True, schema={"maxItems": 30}),
+        Field("CapacityReservationSelectorTerms", "capacityReservationSelectorTerms",
+              Slice(CAPACITY_RESERVATION_SELECTOR_TERM), ignore=True, schema={"maxItems": 30}),
         Field("PlacementGroupSelector", "placementGroupSelector", Ptr(Struct("PlacementGroupSelector", (
-            Field("Name", "name", Ptr(STRING)), Field("ID", "id", Ptr(STRING)))))),
+            Field("Name", "name", Ptr(STRING), schema={"minLength": 1}),
+            Field("ID", "id", Ptr(STRING), schema={"pattern": "^pg-[0-9a-z]+$"}))))),
         Field("AssociatePublicIPAddress", "associatePublicIPAddress", Ptr(BOOL)),
-        Field("IPPrefixCount", "ipPrefixCount", Ptr(INT32), ignore=True),
-        Field("AMISelectorTerms", "amiSelectorTerms", _SELECTOR, ignore=True),
-        Field("AMIFamily", "amiFamily", Ptr(STRING), ignore=True),
+        Field("IPPrefixCount", "ipPrefixCount", Ptr(INT32), ignore=True, schema={"minimum": 0}),
+        Field("AMISelectorTerms", "amiSelectorTerms", Slice(AMI_SELECTOR_TERM), ignore=True, required=True,
+              schema={"minItems": 1, "maxItems": 30}),
+        Field("AMIFamily", "amiFamily", Ptr(STRING), ignore=True, schema={"enum": AMI_FAMILIES}),
         Field("UserData", "userData", Ptr(STRING)),
         Field("Role", "role", STRING),
         Field("InstanceProfile", "instanceProfile", Ptr(STRING)),
         Field("Tags", "tags", _STRING_MAP),
         kubelet,
-        Field("BlockDeviceMappings", "blockDeviceMappings", Slice(Ptr(BLOCK_DEVICE_MAPPING))),
-        Field("InstanceStorePolicy", "instanceStorePolicy", Ptr(STRING)),
+        Field("BlockDeviceMappings", "blockDeviceMappings", Slice(Ptr(BLOCK_DEVICE_MAPPING)), schema={"maxItems": 50}),
+        Field("InstanceStorePolicy", "instanceStorePolicy", Ptr(STRING), schema={"enum": ["RAID0"]}),
         Field("NetworkInterfaces", "networkInterfaces", Slice(Ptr(Struct("NetworkInterface", (
-            Field("NetworkCardIndex", "networkCardIndex", INT32), Field("DeviceIndex", "deviceIndex", INT32),
-            Field("InterfaceType", "interfaceType", STRING)))))),
+            Field("NetworkCardIndex", "networkCardIndex", INT32, required=True, schema={"minimum": 0}),
+            Field("DeviceIndex", "deviceIndex", INT32, required=True, schema={"minimum": 0}),
+            Field("InterfaceType", "interfaceType", STRING, required=True,
+                  schema={"enum": ["interface", "efa-only"]}))))), schema={"maxItems": 150}),
         Field("DetailedMonitoring", "detailedMonitoring", Ptr(BOOL)),
         Field("MetadataOptions", "metadataOptions", Ptr(METADATA_OPTIONS), default=METADATA_OPTIONS_DEFAULT),
         Field("ConnectionTracking", "connectionTracking", Ptr(Struct("ConnectionTracking", (
-            Field("TCPEstablishedTimeout", "tcpEstablishedTimeout", Ptr(INT32)),
-            Field("UDPStreamTimeout", "udpStreamTimeout", Ptr(INT32)),
-            Field("UDPTimeout", "udpTimeout", Ptr(INT32)))))),
+            Field("TCPEstablishedTimeout", "tcpEstablishedTimeout", Ptr(INT32),
+                  schema={"minimum": 60, "maximum": 432000}),
+            Field("UDPStreamTimeout", "udpStreamTimeout", Ptr(INT32), schema={"minimum": 60, "maximum": 180}),
+            Field("UDPTimeout", "udpTimeout", Ptr(INT32), schema={"minimum": 30, "maximum": 60}))))),
         Field("Context", "context", Ptr(STRING)),
         Field("CPUOptions", "cpuOptions", Ptr(Struct("CPUOptions", (
-            Field("NestedVirtualization", "nestedVirtualization", Ptr(STRING)),)))),
+            Field("NestedVirtualization", "nestedVirtualization", Ptr(STRING), schema=_ENABLED_DISABLED),)))),
     ))
 
 

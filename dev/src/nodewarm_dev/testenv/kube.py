@@ -8,7 +8,7 @@ RBAC and NodeRestriction are on, anonymous auth is off: tests and the demo talk 
 cluster, with bearer tokens. ``tokens.csv`` holds an admin (system:masters) and one token per simulated
 kubelet (system:nodes), so NodeRestriction is exercised for real. ServiceAccount tokens come from the
 TokenRequest API. Facts about this server (no CEL, silent pruning, no controller-manager) are in
-../shared/reference/testenv.md.
+docs/testing.md, "The local API server".
 """
 
 from __future__ import annotations
@@ -28,17 +28,18 @@ import yaml
 
 from .ports import free_port, wait_until
 
-# The checkout's root (this file is dev/src/nodewarm_dev/testenv/kube.py): shared/ lies beside it.
-REPO_ROOT = Path(__file__).resolve().parents[4]
-
-
 def kube_bin_dir() -> Path:
     return Path(os.environ.get("NODEWARM_KUBE_BIN", Path.home() / ".cache/nodewarm/k8s"))
 
 
-def crds_dir() -> Path:
-    """Upstream Karpenter CRDs: $NODEWARM_CRDS_DIR, else ../shared/crds beside the checkout."""
-    return Path(os.environ.get("NODEWARM_CRDS_DIR", REPO_ROOT.parent / "shared" / "crds"))
+CRDS_ENV = "NODEWARM_CRDS_DIR"
+
+
+def crds_dir() -> Path | None:
+    """The folder of a Karpenter release's own CRDs (its pkg/apis/crds) named by $NODEWARM_CRDS_DIR, or None: then
+    the test environment uses the CRDs nodewarm generates from Karpenter's Go types (karpentercrds)."""
+    value = os.environ.get(CRDS_ENV)
+    return Path(value) if value else None
 
 
 def _require(path: Path, hint: str) -> str:
@@ -146,15 +147,27 @@ def load_crd_files(paths: list[Path]) -> list[dict]:
     return docs
 
 
-def upstream_crd_files(directory: Path | None = None) -> list[Path]:
-    """The three Karpenter CRDs nodewarm works with (NodePool, NodeClaim, EC2NodeClass)."""
-    d = directory or crds_dir()
-    names = ["karpenter.sh_nodepools.yaml", "karpenter.sh_nodeclaims.yaml", "karpenter.k8s.aws_ec2nodeclasses.yaml"]
-    missing = [n for n in names if not (d / n).exists()]
+UPSTREAM_CRD_FILES = ("karpenter.sh_nodepools.yaml", "karpenter.sh_nodeclaims.yaml",
+                      "karpenter.k8s.aws_ec2nodeclasses.yaml")
+
+
+def upstream_crd_files(directory: Path) -> list[Path]:
+    """The three Karpenter CRD files nodewarm works with (NodePool, NodeClaim, EC2NodeClass) in a release's folder."""
+    missing = [n for n in UPSTREAM_CRD_FILES if not (directory / n).exists()]
     if missing:
-        raise RuntimeError(f"Karpenter CRDs {missing} not found in {d}: set NODEWARM_CRDS_DIR to the folder "
-                           "holding the CRDs of the Karpenter release you run (its pkg/apis/crds/)")
-    return [d / n for n in names]
+        raise RuntimeError(f"Karpenter CRDs {missing} not found in {directory} ({CRDS_ENV}): point it at the folder "
+                           "holding the CRDs of the Karpenter release you run (its pkg/apis/crds/), or unset it to "
+                           "use the CRDs nodewarm generates")
+    return [directory / n for n in UPSTREAM_CRD_FILES]
+
+
+def karpenter_crds() -> list[dict]:
+    """Karpenter's three CRDs as the test environment installs and checks against them: a release's own files when
+    $NODEWARM_CRDS_DIR names them, else nodewarm's (docs/testing.md, "Karpenter's CRDs in the tests")."""
+    from nodewarm.nodeclasses import karpentercrds
+
+    d = crds_dir()
+    return load_crd_files(upstream_crd_files(d)) if d else karpentercrds.crds()
 
 
 def _openssl(*args: str) -> None:
