@@ -1,4 +1,5 @@
-"""The Grafana dashboard and the README's example PromQL against the metrics the controller really exposes.
+"""The Grafana dashboard and the example PromQL of docs/operations.md against the metrics the controller really
+exposes.
 
 The exposition is not written down here: a real ``controller.metrics.Metrics`` is driven the way the controller
 drives it (the planner's own plans for a warm node and each deadline action go through ``Metrics.observe``; the

@@ -820,7 +820,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         lifted = [t for t in timelines.values() if DemoPhase.POD_BOUND in t.times and DemoPhase.TAINT_LIFTED in t.times]
         if lifted:
             # Apart, because this scheduler (v1.20, no queueing hints) retries the pods on the Warm condition
-            # write and backs off before the taint goes; README "The warm-up's critical path".
+            # write and backs off before the taint goes; docs/agent.md, "The warm-up's critical path".
             nw_wait = sum(t.times[DemoPhase.POD_BOUND] - t.times[DemoPhase.TAINT_LIFTED] for t in lifted) / len(lifted)
             base["nodewarm_scheduler_wait_s"] = round(nw_wait, 3)
             base["ratio_without_scheduler_waits"] = round(
