@@ -1,5 +1,5 @@
 """Benchmark: how the verified pull scales with workers, and what one core costs per GB: the inputs of the
-README's projection for a p5.48xlarge.
+projection in docs/agent.md ("The pull at fleet scale") for a p5.48xlarge.
 
     .venv/bin/python bench/scaling.py [--shape 16x256] [--workers 1,2,4,8,16] [--processes 1,2,4]
                                       [--workdir /dev/shm] [--out PATH]

@@ -291,8 +291,8 @@ def test_models_that_fit_pass(size, tp, types):
 
 
 def test_the_examples_model_and_the_demo_profile_pass():
-    # The README's profile: 67 GB at TP=2 on p5.48xlarge (Karpenter) and p5.48xlarge + p5e.48xlarge (Auto Mode);
-    # the examples/ files are checked in tests/test_examples.py.
+    # The short profile of docs/operations.md: 67 GB at TP=2 on p5.48xlarge (Karpenter) and p5.48xlarge +
+    # p5e.48xlarge (Auto Mode); the examples/ files are checked in tests/test_examples.py.
     checked(v("automode", spec__nodes__instanceTypes=["p5.48xlarge", "p5e.48xlarge"]))
     from nodewarm_dev.demo import run
 

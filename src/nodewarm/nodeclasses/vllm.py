@@ -254,7 +254,7 @@ def env(p: WarmProfile, memory_bytes: int) -> list[dict]:
         # vLLM's AOT artifact (its default from torch 2.10) does not load back on every platform: on CPU,
         # vLLM 0.32 fails every load ('function' object has no attribute 'finalize_loading') and compiles
         # again, which a restore cannot fix. Without AOT, Inductor's cache in the dirs above is what a
-        # restore fills and what serving loads (README, "Compile cache"). It is a VLLM_* variable, so it is
+        # restore fills and what serving loads (docs/compile-cache.md). It is a VLLM_* variable, so it is
         # in vLLM's hash and in nodewarm's key alike.
         {"name": AOT_COMPILE_ENV, "value": "0"},
     ]
@@ -411,7 +411,7 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
         "medium": "Memory", "sizeLimit": memory_quantity(shm_size_bytes(p, req.memory_bytes))}})
     if p.compile_cache.publisher:
         # The writer's identity (Pod Identity association or IRSA annotation), never the namespace's default.
-        # A ServiceAccount is per pod: the vLLM container shares it (README, "AWS identity").
+        # A ServiceAccount is per pod: the vLLM container shares it (docs/agent.md, "AWS identity").
         spec["serviceAccountName"] = identity.publisher_service_account(p)
         spec["containers"].append(publisher_container(p, env(p, req.memory_bytes)))
         spec["volumes"].append({"name": "signing-key", "secret": {

@@ -10,7 +10,7 @@ Least privilege, and one node only:
 * it lives in its own namespace (``nodewarm-system``), the only one labelled for Pod Security ``privileged``
   (a hostPath volume needs it); the serving namespace is never relaxed;
 * its container is not privileged: it writes only under the NVMe mount (hostPath), and Bottlerocket's SELinux
-  policy labels /mnt ``local_t``, which unprivileged containers may write (README, "Bottlerocket and SELinux");
+  policy labels /mnt ``local_t``, which unprivileged containers may write (docs/agent.md, "Bottlerocket and SELinux");
 * it writes only through ``nodes/status``: one patch carries its condition, labels and annotations, and the API
   server resets ``spec`` on that subresource, so this identity can never touch a taint (no ``patch nodes``);
 * RBAC cannot say "its own node", so ``admission_policy`` renders a ValidatingAdmissionPolicy that compares the

@@ -14,8 +14,8 @@ Two checks, split by what each can still prove once the download has verified ev
 
 Why no file is streamed by default: the checksum already proved the bytes are S3's, the header check that
 each file parses, and the download left every page in the page cache (pwrite goes through it); re-reading
-proves nothing more, costs a memory pass on the critical path and a torch import in the agent (README, "Load
-check, as each file lands").
+proves nothing more, costs a memory pass on the critical path and a torch import in the agent (docs/agent.md,
+"Load check, as each file lands").
 """
 
 from __future__ import annotations
