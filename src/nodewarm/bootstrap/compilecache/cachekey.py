@@ -33,7 +33,7 @@ FORMAT = "nodewarm.compile-cache/v2"
 _ENV_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
 _ENV_NAMES = frozenset({"ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS"})
 # Locations, endpoints and logging do not change what gets compiled (vLLM ignores the same kinds,
-# and the reference measurements show the cache path is not in any key).
+# and the measurements in docs/compile-cache.md show the cache path is not in any key).
 _ENV_IGNORED = frozenset({
     "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_RPC_BASE_PATH", "VLLM_CONFIGURE_LOGGING",
     "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_PREFIX", "VLLM_LOG_STATS_INTERVAL",
