@@ -92,19 +92,22 @@ def load_checked(path: str, source: str = "offline", measure: bool = False) -> t
     return p, types
 
 
-KARPENTER_GROUPS = ("karpenter.sh/", "karpenter.k8s.aws/")
+def _refuse(report: dict[str, list[str]], what: str) -> None:
+    if report:
+        lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
+        raise NodewarmError(f"rendered objects fail {what}:\n  " + "\n  ".join(lines), reason="CRDValidationFailed")
 
 
 def check_karpenter_objects(documents: list[dict]) -> None:
     """Every rendered Karpenter object against Karpenter's schema as nodewarm knows it (karpentercrds), so a value
     Karpenter's API server would refuse or silently drop never leaves render, even without --crds."""
-    karpenter = [d for d in documents if str(d.get("apiVersion", "")).startswith(KARPENTER_GROUPS)]
-    report = crdvalidate.validate(karpenter, crdvalidate.builtin())
-    if report:
-        lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
-        raise NodewarmError("rendered objects fail Karpenter's schema (its v1 CRDs, as nodewarm models them); the "
-                            "profile field that sets each value needs a value Karpenter accepts:\n  "
-                            + "\n  ".join(lines), reason="CRDValidationFailed")
+    from nodewarm.nodeclasses.karpentercrds import AWS_GROUP, KARPENTER_GROUP
+
+    karpenter = [d for d in documents if str(d.get("apiVersion", "")).startswith((f"{KARPENTER_GROUP}/",
+                                                                                   f"{AWS_GROUP}/"))]
+    _refuse(crdvalidate.validate(karpenter, crdvalidate.builtin()),
+            "Karpenter's schema (its v1 CRDs, as nodewarm models them); the profile field that sets each value needs "
+            "a value Karpenter accepts")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,11 +141,7 @@ def run(args: argparse.Namespace) -> int:
         out.documents[:0] = manifests.render(args.with_controller, args.controller_namespace)
     if args.crds:
         crd_files = sorted(Path(args.crds).glob("*.yaml"))
-        report = crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files))
-        if report:
-            lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
-            raise NodewarmError("rendered objects fail the CRD schemas in " + args.crds + ":\n  " + "\n  ".join(lines),
-                                reason="CRDValidationFailed")
+        _refuse(crdvalidate.validate(out.documents, crdvalidate.load_dir(crd_files)), "the CRD schemas in " + args.crds)
     if args.output_dir:
         d = Path(args.output_dir)
         d.mkdir(parents=True, exist_ok=True)
