@@ -27,7 +27,8 @@ from .api.schema import strict_schema
 from .api.servingspec import checked_extra_args, serving_spec
 from .api.warmprofile import (
     Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, EngineCheck, Injection, Model, NodeLimits, Nodes,
-    Publisher, DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, engine_check_image, parse_duration_s,
+    Peers, Publisher, DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, Weights, engine_check_image,
+    parse_duration_s,
 )
 
 
@@ -147,6 +148,7 @@ def from_dict(doc: dict) -> WarmProfile:
     return WarmProfile(
         name=doc["metadata"]["name"],
         model=Model(uri=m["uri"], size_gb=m.get("sizeGB"), revision=m.get("revision", "")),
+        weights=_weights(s.get("weights", {})),
         serving=Serving(
             image=sv["image"],
             tensor_parallel_size=sv.get("tensorParallelSize", default("serving.tensorParallelSize")),
@@ -213,6 +215,16 @@ def from_dict(doc: dict) -> WarmProfile:
                             on_live=s.get("injection", {}).get("onLive", default("injection.onLive"))),
         raw=doc,
     )
+
+
+def _weights(w: dict) -> Weights:
+    p = w.get("peers", {})
+    return Weights(peers=Peers(
+        enabled=p.get("enabled", default("weights.peers.enabled")),
+        port=p.get("port", default("weights.peers.port")),
+        max_connections=p.get("maxConnections", default("weights.peers.maxConnections")),
+        max_mbps=p.get("maxMBps", default("weights.peers.maxMBps")),
+        key_rotation=p.get("keyRotation", default("weights.peers.keyRotation"))))
 
 
 # Taint keys owned by Kubernetes, Karpenter or the GPU stack: a startup taint under one of them would be
@@ -367,6 +379,16 @@ def check_engine_check(p: WarmProfile) -> None:
                            "nodewarm installed here (or configure spec.compileCache.publisher, whose image is used)")
 
 
+def check_peers(p: WarmProfile) -> None:
+    """Peers need a shared key each node of the profile can read and no other can: the controller binds it to each
+    node's own identity (system:node:<name>). The DaemonSet's agents share one ServiceAccount, which cannot tell
+    the profile's nodes from the others'."""
+    if p.weights.peers.enabled and p.uses_daemonset:
+        raise ProfileError("spec.weights.peers.enabled", True,
+                           "peers run with the AL2023 agent only (its per-node identity reads the peers' key); "
+                           "turn peers off for Auto Mode or Bottlerocket nodes")
+
+
 def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
@@ -375,6 +397,7 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     check_prepull_timeout(p)
     check_engine_check(p)
     check_nodepool(p)
+    check_peers(p)
     for i, name in enumerate(n.instance_types):
         if name not in types:
             raise ProfileError(f"spec.nodes.instanceTypes[{i}]", name,

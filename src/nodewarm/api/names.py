@@ -51,3 +51,21 @@ CLEANUP_CONDITION = "Cleanup"
 # a profile's engine check binds a Role in the serving namespace to it (nodewarm/nodeclasses/enginecheck.py).
 CONTROLLER_NAME = "nodewarm-controller"
 CONTROLLER_NAMESPACE = "nodewarm"
+
+# Peers before S3 (docs/peers.md). The node agent writes PEER_ANNOTATION on its own Node: JSON {"profile", "endpoint"
+# ("<InternalIP>:<port>"), "generation", "state" (pulling|warm), "files", "bytes", "at"}; other agents of the profile
+# find it with a watch and read parts from it before S3. The controller mints the profile's key Secret (data:
+# PEER_KEY_CURRENT, PEER_KEY_PREVIOUS, 32 random bytes each) in spec.bootstrap.namespace and lets each of the profile's
+# nodes read it by a RoleBinding to system:node:<name>, deleted when the node goes.
+PEER_ANNOTATION = "nodewarm.io/peer"
+PEER_KEY_CURRENT, PEER_KEY_PREVIOUS = "current", "previous"
+PEER_KEY_ROTATED_ANNOTATION = "nodewarm.io/peer-key-rotated-at"
+
+
+def peer_secret_name(profile: str) -> str:
+    return f"nodewarm-peers-{profile}"
+
+
+def peer_binding_name(profile: str, node: str) -> str:
+    """The RoleBinding that lets one node read its profile's peer key (one per node, so it goes with the node)."""
+    return f"nodewarm-peers-{profile}-{node}"[:253]

@@ -38,6 +38,25 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Peers:
+    """spec.weights.peers: agents of one profile feed each other verified parts before S3 (docs/peers.md)."""
+    enabled: bool
+    port: int
+    max_connections: int
+    max_mbps: float
+    key_rotation: str
+
+    @property
+    def key_rotation_s(self) -> int:
+        return parse_duration_s(self.key_rotation)
+
+
+@dataclass(frozen=True)
+class Weights:
+    peers: Peers
+
+
+@dataclass(frozen=True)
 class Serving:
     image: str
     tensor_parallel_size: int
@@ -187,6 +206,7 @@ class Bootstrap:
 class WarmProfile:
     name: str
     model: Model
+    weights: Weights
     serving: Serving
     nodes: Nodes
     compile_cache: CompileCache
