@@ -175,7 +175,7 @@ def test_an_unreadable_runtime_file_is_reported_not_raised(kube, aws_env, node, 
 
 def test_an_unexpected_exception_is_reported_as_internal_error_naming_its_type(kube, small_model, proxy, node,
                                                                               warmprofile, tmp_path, capsys):
-    from support.faultproxy import Headers
+    from nodewarm_dev.testenv.faultproxy import Headers
 
     warmprofile(v(metadata__name="agent-ie", spec__model={"uri": small_model}, spec__compileCache__uri=NO_CACHE,
                   spec__bootstrap__allowNonNvme=True))

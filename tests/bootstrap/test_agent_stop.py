@@ -15,7 +15,7 @@ import pytest
 
 from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
 from support.builders import NO_CACHE, v
-from support.faultproxy import Trickle
+from nodewarm_dev.testenv.faultproxy import Trickle
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from support.faultproxy import FaultProxy
+from nodewarm_dev.testenv.faultproxy import FaultProxy
 from nodewarm import instancetypes, profile
 from nodewarm.nodeclasses import servestart
 from nodewarm.api.podlayout import model_dir, model_path

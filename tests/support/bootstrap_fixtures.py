@@ -110,7 +110,7 @@ def cache_store(server, monkeypatch, uri: str):
 
 def proxied(server, monkeypatch):
     """For fixtures: a fault proxy in front of ``server``, with the AWS environment pointing at it."""
-    from support.faultproxy import FaultProxy
+    from nodewarm_dev.testenv.faultproxy import FaultProxy
 
     p = FaultProxy(server.endpoint)
     point_aws_env(server, monkeypatch)

@@ -1,4 +1,4 @@
-"""The kube-apiserver's side of the fault proxy (tests/support/faultproxy.py): the faults a controller must survive,
+"""The kube-apiserver's side of the fault proxy (nodewarm_dev/testenv/faultproxy.py): the faults a controller must survive,
 each armed for the next matching request and recorded in ``injected`` as (kind, request target) when it fires.
 
 * ``drop_watch(part, after_events)``: the next watch on a matching target is cut after N events (a connection
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 
-from support.faultproxy import FaultProxy, Hang, Request, Respond, Truncate
+from nodewarm_dev.testenv.faultproxy import FaultProxy, Hang, Request, Respond, Truncate
 
 _JSON = {"Content-Type": "application/json"}
 

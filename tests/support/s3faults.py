@@ -1,11 +1,11 @@
-"""S3's side of the fault proxy (tests/support/faultproxy.py): its answers in S3's own error format. The faults on the
+"""S3's side of the fault proxy (nodewarm_dev/testenv/faultproxy.py): its answers in S3's own error format. The faults on the
 response body (reset, truncate, stall, trickle, corrupt) are the proxy's own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from support.faultproxy import Answer
+from nodewarm_dev.testenv.faultproxy import Answer
 
 
 @dataclass

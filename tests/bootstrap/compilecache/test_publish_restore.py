@@ -23,7 +23,7 @@ import pytest
 import zstandard
 
 from support.bootstrap_fixtures import cache_store, proxied
-from support.faultproxy import first_n
+from nodewarm_dev.testenv.faultproxy import first_n
 from support.s3faults import Reply
 from nodewarm import cli
 from nodewarm.api.servingspec import ServingSpec

@@ -46,7 +46,7 @@ def test_each_file_is_checked_as_it_lands_and_one_is_streamed_while_the_rest_dow
                                                                                          monkeypatch):
     import threading
 
-    from support.faultproxy import Hook
+    from nodewarm_dev.testenv.faultproxy import Hook
     from nodewarm.bootstrap.weights import pipeline
 
     files = model_files(shards=2, mib_per_shard=1, seed=42)

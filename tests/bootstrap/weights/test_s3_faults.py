@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from support.bootstrap_fixtures import KiB, model_files, put_model, visible_files, warm
-from support.faultproxy import Corrupt, Hook, Reset, Stall, Trickle, Truncate, first_n
+from nodewarm_dev.testenv.faultproxy import Corrupt, Hook, Reset, Stall, Trickle, Truncate, first_n
 from support.s3faults import Reply
 from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.s3client import RetryPolicy

@@ -210,7 +210,7 @@ def _multipart(client, bucket: str, key: str, data: bytes, part: int, algo: str 
 
 def test_gets_follow_upload_parts_and_verification_never_rereads_the_file(s3_exact, exact_proxy, tmp_path,
                                                                            monkeypatch):
-    from support.faultproxy import Corrupt, first_n
+    from nodewarm_dev.testenv.faultproxy import Corrupt, first_n
     from nodewarm.bootstrap.weights import verify
 
     def reread(*a, **kw):
@@ -348,7 +348,7 @@ def test_gets_start_while_the_heads_are_still_under_way(s3, proxy, tmp_path):
     of many files spent its whole HEAD phase before the first byte)."""
     import threading
 
-    from support.faultproxy import Hook
+    from nodewarm_dev.testenv.faultproxy import Hook
 
     files = model_files(shards=3, mib_per_shard=1, seed=77)
     uri = put_model(s3, files)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from support.bootstrap_fixtures import KiB, loop_volume, model_files, put_model, visible_files, warm
-from support.faultproxy import Corrupt, Headers, first_n
+from nodewarm_dev.testenv.faultproxy import Corrupt, Headers, first_n
 from support.s3faults import Reply
 from nodewarm.bootstrap.weights.s3pull import partial_paths
 from nodewarm.api.errors import NodewarmError

@@ -22,6 +22,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
@@ -127,6 +128,9 @@ class FaultProxy:
     rule: Callable[[Request], object] = lambda req: None
     requests: list[Request] = field(default_factory=list)
     body_bytes: int = 0  # response body bytes relayed for ranged GETs
+    # All responses together relay at most this many bytes per second (None: as fast as they come): an S3
+    # prefix's or a VPC endpoint's limit, shared by every node behind it (bench/peers.py).
+    cap_bps: float | None = None
 
     def __post_init__(self):
         u = urlsplit(self.upstream)
@@ -139,6 +143,7 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._cap_lock, self._cap_next = threading.Lock(), 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def stop(self) -> None:
@@ -274,7 +279,22 @@ class FaultProxy:
                     raise OSError("proxy stopped")
                 conn.sendall(frame(piece[i:i + 4096]))
             return
+        if self.cap_bps:
+            for i in range(0, len(piece), 64 * 1024):
+                chunk = piece[i:i + 64 * 1024]
+                self._take(len(chunk))
+                conn.sendall(frame(chunk))
+            return
         conn.sendall(frame(piece))
+
+    def _take(self, n: int) -> None:
+        """Wait for ``n`` bytes' turn under cap_bps: the connections queue for one shared line."""
+        with self._cap_lock:
+            now = time.monotonic()
+            start = max(now, self._cap_next)
+            self._cap_next = start + n / self.cap_bps
+        if start > now and self._stop.wait(start - now):
+            raise OSError("proxy stopped")
 
     @staticmethod
     def _apply(data: bytes, sent: int, lines_seen: int, action) -> tuple[bytes, bool]:
