@@ -124,7 +124,8 @@ def node_kubeconfig(kube, tmp_path, node: str):
     return kube.write_kubeconfig(tmp_path / f"kubeconfig-{node}", kube.node_token(node), f"system:node:{node}")
 
 
-def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, stop=None, **pull):
+def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = False, stop=None, peers=None,
+         holdings=None, **pull):
     """warm_weights as tests use it: not on NVMe here, no headroom, small parts, fast bounded retries."""
     from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.s3client import RetryPolicy
@@ -135,10 +136,36 @@ def warm(uri: str, dest: Path, load_check: bool = False, stream_check: bool = Fa
                  "request_timeout_s": 10.0, "retry": RetryPolicy(attempts=4, base_s=0.01, cap_s=0.05), **pull}
     return warm_weights(WeightsConfig(uri=uri, dest=dest, allow_non_nvme=True, headroom=Headroom(0, 0),
                                       load_check=load_check, progress_interval_s=0.5, pull_overrides=overrides,
-                                      streamer=StreamerTuning() if stream_check else None, stop=stop))
+                                      streamer=StreamerTuning() if stream_check else None, stop=stop,
+                                      peers=peers, holdings=holdings))
 
 
 def visible_files(dest: Path) -> dict[str, bytes]:
     """What a loader would see under DEST: every file outside nodewarm's own .nodewarm/ folder."""
     return {str(p.relative_to(dest)): p.read_bytes() for p in sorted(dest.rglob("*"))
             if p.is_file() and ".nodewarm" not in p.relative_to(dest).parts}
+
+
+class RunningAgent:
+    """A Follower in a thread, as the systemd unit or the DaemonSet runs it."""
+
+    def __init__(self, kube, tmp_path, node: str, name: str, once: bool = False):
+        import threading
+
+        from kubernetes import config
+
+        from nodewarm.bootstrap.follow import Follower, FollowOptions
+
+        api = config.new_client_from_config(config_file=str(node_kubeconfig(kube, tmp_path, node)))
+        self.mount = tmp_path / f"nvme-{node}"
+        self.mount.mkdir(exist_ok=True)
+        self.stop = threading.Event()
+        self.follower = Follower(api, FollowOptions(profile=name, mount=self.mount, node_name=node, load_check=False,
+                                                    once=once, watch_timeout_s=5, poll_s=0.2, retry_s=30), self.stop)
+        self.thread = threading.Thread(target=self.follower.run, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the agent did not stop"

@@ -144,6 +144,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # the request line and headers are not logged (they carry the signature); _Server logs what matters
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        # The CPU this request's thread spends, for the cost of serving per GB (bench/peers.py): a node that
+        # serves peers must leave its cores to the vLLM pod.
+        started = time.thread_time()
+        try:
+            self._get()
+        finally:
+            self.server.count("cpu_s", time.thread_time() - started)
+
+    def _get(self) -> None:
         srv = self.server
         srv.count("requests")
         rng = self.headers.get("Range", "")
@@ -326,7 +335,7 @@ class _Server(socketserver.ThreadingTCPServer):
         self.open: set[socket.socket] = set()
         super().__init__(address, _Handler)
 
-    def count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: float = 1) -> None:
         self.owner.count(name, n)
 
     def process_request(self, request, client_address) -> None:
@@ -400,8 +409,8 @@ class PeerServer:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.bucket = TokenBucket(max_bytes_per_s, time.monotonic, self.stopping.wait)
-        self._stats = dict.fromkeys(("bytes_served", "requests", "refused_busy", "refused_auth", "not_found",
-                                     "not_held"), 0)
+        self._stats: dict[str, float] = dict.fromkeys(
+            ("bytes_served", "requests", "refused_busy", "refused_auth", "not_found", "not_held", "cpu_s"), 0)
         self._server: _Server | None = None
 
     def start(self) -> "PeerServer":
@@ -418,11 +427,11 @@ class PeerServer:
             return self.host, self.port
         return self._server.server_address[0], self._server.server_address[1]
 
-    def count(self, name: str, n: int = 1) -> None:
+    def count(self, name: str, n: float = 1) -> None:
         with self.lock:
             self._stats[name] += n
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         with self.lock:
             return dict(self._stats)
 

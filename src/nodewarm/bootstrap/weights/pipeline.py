@@ -20,7 +20,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
@@ -31,6 +31,10 @@ from . import capacity, listing, manifest, mounts, s3pull
 from .loadcheck import LoadCheck, LoadCheckFailed, StreamerTuning, check_header, check_loadable
 from .verify import UNVERIFIED
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from .peerfetch import PeerSource
+    from .peerserve import Holdings
 
 log = logs.get("bootstrap.weights")
 
@@ -57,6 +61,9 @@ class WeightsConfig:
     progress_interval_s: float = 5.0
     # Set by whoever runs the pull in a thread (the agent, on SIGTERM): the pull ends as PullStopped.
     stop: threading.Event | None = field(default=None, compare=False)
+    # Peers before S3 (bootstrap/peering.py): where parts may come from, and what this node serves to peers.
+    peers: "PeerSource | None" = field(default=None, compare=False)
+    holdings: "Holdings | None" = field(default=None, compare=False)
 
 
 @dataclass
@@ -86,6 +93,7 @@ class WeightsSummary:
     storage: dict = field(default_factory=dict)
     load_check: dict | None = None
     pull: dict = field(default_factory=dict)
+    peers: dict | None = None  # with peers on: bytes and parts from peers and from S3, peers dropped and why
     first_byte_at: float | None = None  # epoch seconds of the first downloaded byte (None: nothing to fetch)
     first_request_at: float | None = None  # epoch seconds of the first GET sent
     started_at: float | None = None  # epoch seconds warm_weights began (after the process's imports)
@@ -208,6 +216,8 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         listed, summary.excluded = listing.list_keys(client, uri, base.retry, exclude=cfg.exclude)
     rels = {o.key: manifest.rel_path_for(o.key, uri.prefix) for o in listed}
     summary.files, summary.bytes = len(listed), sum(o.size for o in listed)
+    if cfg.holdings is not None:  # a peer asks with the ETag it listed: what this node may serve, by that
+        cfg.holdings.set_objects([manifest.RemoteObject(o.key, rels[o.key], o.size, o.etag) for o in listed])
     log.info("weights.listed", uri=str(uri), files=summary.files, bytes=summary.bytes,
              excluded=len(summary.excluded))
     tensors = [rel for rel in rels.values() if rel.endswith(".safetensors")]
@@ -253,11 +263,14 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             objects = listing.heads(client, uri, [o.key for o in listed], base.retry,
                                     timeouts=(base.connect_timeout_s, base.stall_timeout_s))
             # Files this run does not fetch are checked as each is decided; fetched ones as each lands.
-            on_keep = checker.submit_one if checker else None
+            on_keep = _both(checker.submit_one if checker else None,
+                            cfg.holdings.mark_verified if cfg.holdings is not None else None)
             with phase("download"):
                 _download(client, uri, dest, state, decided.fetching(objects, on_keep), sum(o.size for o in likely),
                           local, pull_cfg, summary, cfg.progress_interval_s,
-                          on_ready=checker.submit_one if checker else None, stop=cfg.stop)
+                          on_ready=_both(checker.submit_one if checker else None,
+                                         cfg.holdings.mark_verified if cfg.holdings is not None else None),
+                          stop=cfg.stop, peers=cfg.peers)
             fetch = decided.fetch
             summary.skipped, summary.changed = len(decided.keep), sum(1 for f in fetch if f.why == "changed")
             log.info("weights.plan", fetch=len(fetch), fetch_bytes=sum(f.obj.size for f in fetch),
@@ -275,6 +288,18 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         finally:
             if checker:
                 checker.close()
+
+
+def _both(*calls):
+    """One callback that calls each of ``calls`` that is set (None: none is)."""
+    calls = [c for c in calls if c is not None]
+    if not calls:
+        return None
+
+    def call(*args) -> None:
+        for c in calls:
+            c(*args)
+    return call
 
 
 class _Decisions:
@@ -366,7 +391,7 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
 def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Iterator[manifest.RemoteObject],
               expected_bytes: int, local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig,
               summary: WeightsSummary, interval_s: float, on_ready=None,
-              stop: threading.Event | None = None) -> None:
+              stop: threading.Event | None = None, peers=None) -> None:
     lock = threading.Lock()
     verified: Counter = Counter()
     saved_at = [time.monotonic()]
@@ -401,8 +426,11 @@ def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Itera
     try:
         with Progress("download", expected_bytes, interval_s) as progress:
             try:
-                s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file, stop)
+                s3pull.pull(client, uri.bucket, fetch, dest, pull_cfg, progress, on_file, stop, peers)
             finally:
+                if peers is not None:
+                    summary.peers = peers.summary()
+                    log.info("weights.peers", **summary.peers)
                 summary.first_byte_at, summary.first_request_at = progress.first_byte_at, progress.first_request_at
     finally:
         summary.verified = dict(verified)

@@ -19,14 +19,16 @@ import http.client
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import ClientError
 
-from ..s3client import Retryable
+from ..s3client import Cancelled, Retryable
 
 _MAX_HEAD = 64 * 1024
 _MAX_ERROR_BODY = 64 * 1024
@@ -92,18 +94,45 @@ class Response:
         return got
 
 
+def read_body(resp: Response, buf: memoryview, length: int, on_chunk: Callable[[memoryview, int], None],
+              cancelled: threading.Event, low_speed: tuple[float, float], limit_s: float | None = None) -> None:
+    """Hand ``length`` body bytes to ``on_chunk(chunk, bytes_before_it)`` a buffer at a time.
+
+    Raises Retryable when the body comes slower than ``low_speed`` = (bytes/s, over seconds), like the streamer's
+    S3_LOW_SPEED_LIMIT, or takes longer than ``limit_s`` in all; Cancelled as soon as ``cancelled`` is set."""
+    bps, window_s = low_speed
+    got = 0
+    start = mark_t = time.monotonic()
+    mark_bytes = 0
+    while got < length:
+        if cancelled.is_set():
+            raise Cancelled()
+        deadline = mark_t + window_s if limit_s is None else min(start + limit_s, mark_t + window_s)
+        n = resp.fill(buf, deadline)
+        on_chunk(buf[:n], got)
+        got += n
+        now = time.monotonic()
+        if limit_s is not None and now - start > limit_s:
+            raise Retryable(f"part took longer than {limit_s}s")
+        if now - mark_t >= window_s:
+            if (got - mark_bytes) / (now - mark_t) < bps:
+                raise Retryable(f"slower than {bps / 1e6:g} MB/s for {window_s:g}s")
+            mark_t, mark_bytes = now, got
+
+
 class Connection:
     """One persistent HTTP/1.1 connection (one per pull thread); reconnects after any failure."""
 
     def __init__(self, endpoint: Endpoint, connect_timeout_s: float, stall_timeout_s: float,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, direct: bool = False):
         self.endpoint, self.connect_timeout_s, self.stall_timeout_s = endpoint, connect_timeout_s, stall_timeout_s
         self.ssl_context = ssl_context
+        self.direct = direct  # never through the environment's proxy (a peer on the node network)
         self.sock: socket.socket | None = None
 
     def _connect(self) -> None:
         ep = self.endpoint
-        proxy = _proxy_for(ep)
+        proxy = None if self.direct else _proxy_for(ep)
         kw = {"timeout": self.connect_timeout_s}
         if ep.scheme == "https":
             cls, kw["context"] = http.client.HTTPSConnection, self.ssl_context or ssl.create_default_context()

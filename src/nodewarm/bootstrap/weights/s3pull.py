@@ -25,6 +25,7 @@ rename; nothing half-written ever has a final name.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import json
 import math
 import os
@@ -42,8 +43,8 @@ from nodewarm.api.errors import NodewarmError
 
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
-from ..s3client import Cancelled, ObjectChanged, RetryPolicy, Retryable, S3Unavailable, call_with_retries
-from . import rangeget
+from ..s3client import Cancelled, ObjectChanged, RetryPolicy, S3Unavailable, call_with_retries
+from . import peerfetch, rangeget
 from .manifest import RemoteObject
 from .progress import Progress
 from .verify import (
@@ -141,6 +142,11 @@ class _File:
         self.missing = [i for i in range(self.n_parts) if i not in self.done]
         self.remaining = len(self.missing)
         self.resumed_bytes = sum(self.part_len(i) for i in self.done)
+        # Peers (peerfetch.py): which parts came from which peer, when each part began to wait for its owner, and
+        # whether this file now comes from S3 alone (a file with a peer's part failed verification).
+        self.from_peer: dict[int, str] = {}
+        self.waiting_since: dict[int, float] = {}
+        self.s3_only = self.method.expected is None  # bytes nothing could check never come from a peer
         self.hash_lock = threading.Lock()
         self._start_hash()
         self._open()
@@ -276,6 +282,7 @@ class _File:
         self.missing = list(range(self.n_parts))
         self.remaining = len(self.missing)
         self.resumed_bytes = 0
+        self.from_peer, self.waiting_since = {}, {}
         self._start_hash()
         self._open()
 
@@ -301,9 +308,10 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 
 class _Pull:
     def __init__(self, client, bucket: str, dest: Path, config: PullConfig,
-                 progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None):
+                 progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None,
+                 peers: peerfetch.PeerSource | None = None):
         self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
-        self.stop = stop
+        self.stop, self.peers = stop, peers
         self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
         self.progress, self.on_file = progress, on_file
         self.cancelled = threading.Event()
@@ -311,6 +319,10 @@ class _Pull:
         self.lock = threading.Lock()
         self.all_done = threading.Event()
         self.tasks: queue.Queue = queue.Queue()
+        # Parts waiting for the peer that owns them (peerfetch.py): (when to ask again, seq, file, part), taken only
+        # when no other part is queued, so a worker never idles while there is work it can do.
+        self.deferred: list[tuple[float, int, _File, int]] = []
+        self._deferred_seq = 0
         self.files: list[_File] = []
         self.urls: dict[str, tuple[str, float]] = {}  # key -> (presigned URL, monotonic time signed)
         self.verify_failures: dict[str, int] = {}
@@ -403,25 +415,16 @@ class _Pull:
                                         f"the server sent {served!r} ({resp.remaining} bytes); it does not honour "
                                         "Range requests")
                 h = f.new_part_hash()
-                start = mark_t = time.monotonic()
-                mark_bytes = 0
-                while got < length:
-                    if self.cancelled.is_set():
-                        raise Cancelled()
-                    n = resp.fill(buf, min(start + cfg.request_timeout_s, mark_t + cfg.low_speed_time_s))
-                    chunk = buf[:n]
-                    self._write(f, chunk, off + got)
+
+                def land(chunk: memoryview, before: int) -> None:
+                    nonlocal got
+                    self._write(f, chunk, off + before)
                     h.update(chunk)
-                    got += n
-                    self.progress.add(n)
-                    now = time.monotonic()
-                    if now - start > cfg.request_timeout_s:
-                        raise Retryable(f"part took longer than {cfg.request_timeout_s}s")
-                    if now - mark_t >= cfg.low_speed_time_s:
-                        if (got - mark_bytes) / (now - mark_t) < cfg.low_speed_limit_bps:
-                            raise Retryable(f"slower than {cfg.low_speed_limit_bps / 1e6:g} MB/s "
-                                            f"for {cfg.low_speed_time_s:g}s")
-                        mark_t, mark_bytes = now, got
+                    got += len(chunk)
+                    self.progress.add(len(chunk))
+
+                rangeget.read_body(resp, buf, length, land, self.cancelled,
+                                   (cfg.low_speed_limit_bps, cfg.low_speed_time_s), cfg.request_timeout_s)
                 return h.digest()
             except BaseException:
                 conn.close()  # mid-body: the connection's position in the stream is unknown
@@ -429,6 +432,47 @@ class _Pull:
                 raise
 
         return call_with_retries(attempt, what, cfg.retry, self.cancelled)
+
+    def _fetch(self, f: _File, i: int, conn: "_Conn", peer_conns: peerfetch.PeerConnections,
+               buf: memoryview) -> bytes | None:
+        """Part ``i`` from a peer when one may give it, else from S3; its digest, or None: wait for its owner
+        (peerfetch.py) and come back to it."""
+        if self.peers is not None and not f.s3_only:
+            off, length, skip = i * f.part_size, f.part_len(i), set()
+            while True:
+                now = time.monotonic()
+                choice = self.peers.choose(f.obj.rel_path, off, now - f.waiting_since.get(i, now), frozenset(skip))
+                if choice.source == "wait":
+                    f.waiting_since.setdefault(i, now)
+                    return None
+                if choice.source == "s3":
+                    break
+                peer = choice.peer
+                h, got = f.new_part_hash(), [0]
+
+                def land(chunk: memoryview, before: int) -> None:
+                    self._write(f, chunk, off + before)
+                    h.update(chunk)
+                    got[0] += len(chunk)
+                    self.progress.add(len(chunk))
+
+                try:
+                    self.peers.fetch(peer_conns.for_peer(peer), peer, f.obj.rel_path, f.obj.etag, off, length, buf,
+                                     land, self.cancelled)
+                except BaseException as e:
+                    self.progress.add(-got[0])  # not kept: those bytes come again
+                    if isinstance(e, peerfetch.PeerFailed):
+                        self.peers.drop(peer.node, str(e))
+                    elif not isinstance(e, peerfetch.NotThere):
+                        raise
+                    skip.add(peer.node)
+                    continue
+                with f.lock:
+                    f.from_peer[i] = peer.node
+                return h.digest()
+            with self.peers.lock:
+                self.peers.s3_parts += 1
+        return self._get_part(f, i, conn, buf)
 
     def _write(self, f: _File, data: memoryview, offset: int) -> None:
         try:
@@ -439,21 +483,29 @@ class _Pull:
             raise write_error(e, f.temp) from e
 
     def _worker(self, verifier: ThreadPoolExecutor) -> None:
-        conn = _Conn(self.cfg, self.ssl_context)
+        conn, peer_conns = _Conn(self.cfg, self.ssl_context), peerfetch.PeerConnections()
         buf = memoryview(bytearray(READ_CHUNK))
         try:
-            self._work(verifier, conn, buf)
+            self._work(verifier, conn, peer_conns, buf)
         finally:
             conn.close()
+            peer_conns.close()
 
-    def _work(self, verifier: ThreadPoolExecutor, conn: "_Conn", buf: memoryview) -> None:
+    def _work(self, verifier: ThreadPoolExecutor, conn: "_Conn", peer_conns: peerfetch.PeerConnections,
+              buf: memoryview) -> None:
         while True:
-            item = self.tasks.get()
+            item = self._next_task()
             if item is None or self.cancelled.is_set():
                 return
             f, i = item
             try:
-                digest = self._get_part(f, i, conn, buf)
+                digest = self._fetch(f, i, conn, peer_conns, buf)
+                if digest is None:  # its owner does not hold it yet: ask again a little later
+                    with self.lock:
+                        self._deferred_seq += 1
+                        heapq.heappush(self.deferred, (time.monotonic() + peerfetch.RETRY_AFTER_S,
+                                                       self._deferred_seq, f, i))
+                    continue
                 _start_writeback(f.fd, i * f.part_size, f.part_len(i))
                 with f.lock:
                     f.journal_part(i, digest)
@@ -467,6 +519,20 @@ class _Pull:
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 self.fail(e)
                 return
+
+    def _next_task(self) -> tuple[_File, int] | None:
+        """The next queued part; a deferred one once it is due and nothing else is queued."""
+        while True:
+            with self.lock:
+                due = self.deferred[0][0] if self.deferred else None
+                if due is not None and due <= time.monotonic() and self.tasks.empty():
+                    _, _, f, i = heapq.heappop(self.deferred)
+                    return f, i
+            try:
+                return self.tasks.get(timeout=None if due is None else max(0.005, due - time.monotonic()))
+            except queue.Empty:
+                if self.cancelled.is_set():
+                    return None
 
     def _resume(self, f: _File) -> None:
         try:
@@ -488,6 +554,20 @@ class _Pull:
             try:
                 method = verify_file(f.temp, f.obj, streamed=f.stream, part_digests=f.part_digests())
             except VerifyFailed as e:
+                if f.from_peer:
+                    # A peer's bytes in a file that failed: every peer that gave a part is dropped (the check is
+                    # over the whole file, so which part lied is unknown) and the file comes again from S3 alone.
+                    # Not counted against the S3 attempts: S3's bytes were not the ones on trial.
+                    from_peers = sum(f.part_len(i) for i in f.from_peer)
+                    for node in sorted(set(f.from_peer.values())):
+                        self.peers.drop(node, f"a file with its parts failed verification ({f.obj.rel_path}: {e})")
+                    self.peers.discarded(from_peers)
+                    self.progress.add(-f.obj.size)
+                    f.restart()
+                    f.s3_only = True
+                    for i in f.missing:
+                        self.tasks.put((f, i))
+                    return
                 # Corrupted in transit (or on disk): fetch the whole file again, a bounded number of times.
                 failures = self.verify_failures[f.obj.rel_path] = self.verify_failures.get(f.obj.rel_path, 0) + 1
                 if failures >= self.cfg.verify_attempts:
@@ -589,7 +669,8 @@ def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:
 
 
 def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, config: PullConfig,
-         progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None) -> None:
+         progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None,
+         peers: peerfetch.PeerSource | None = None) -> None:
     """Download ``objects`` into ``dest`` (their rel paths), calling ``on_file`` as each one is verified.
 
     ``objects`` may be a list (every file is preallocated before the first GET) or an iterator still
@@ -598,5 +679,6 @@ def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, confi
     Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
     were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
     a full disk). ``stop`` set (the agent is being stopped) ends the pull the same way, as PullStopped.
+    ``peers`` set: parts come from peers of the profile first (peerfetch.py), verified all the same.
     """
-    _Pull(client, bucket, dest, config, progress, on_file, stop).run(objects)
+    _Pull(client, bucket, dest, config, progress, on_file, stop, peers).run(objects)

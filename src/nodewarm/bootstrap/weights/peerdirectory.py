@@ -1,0 +1,71 @@
+"""Which nodes of the profile can feed this one: read from their Node annotations (pure).
+
+Every agent with peers on writes PEER_ANNOTATION (nodewarm/api/names.py) on its own Node; the others follow the
+profile's Nodes with one list and a watch (bootstrap/peering.py), so no extra service is installed and a node that
+goes, or is cordoned, or drops its annotation, leaves the directory as soon as the watch says so.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+
+from nodewarm.api.names import PEER_ANNOTATION
+from nodewarm.api.timeutil import fmt_time_s
+
+from .peerfetch import Peer
+
+STATES = ("pulling", "warm")
+# Karpenter's taint on a node it is about to drain (disruption); a cordon sets spec.unschedulable.
+DISRUPTED_TAINT = "karpenter.sh/disrupted"
+
+
+def annotation(profile: str, host: str, port: int, state: str, model: str, held: dict) -> str:
+    """This node's entry: where it serves, for which profile and model (api.generation.model_key: a new serving
+    image keeps the weights, so peers of either generation share them), and what it holds so far."""
+    if state not in STATES:
+        raise ValueError(f"peer state {state!r} is not one of {STATES}")
+    return json.dumps({"profile": profile, "endpoint": f"{host}:{port}", "state": state, "model": model,
+                       "files": held.get("files", 0), "bytes": held.get("bytes", 0), "at": fmt_time_s(time.time())},
+                      separators=(",", ":"))
+
+
+def leaving(node: dict) -> str | None:
+    """Why this Node must neither serve nor be asked (cordoned, being drained), or None."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned"
+    if any(t.get("key") == DISRUPTED_TAINT for t in spec.get("taints") or ()):
+        return "being drained (karpenter.sh/disrupted)"
+    return None
+
+
+def peer_of(node: dict, profile: str, model: str) -> Peer | None:
+    """The peer a Node offers for ``profile``'s weights ``model``; None when it offers none, another profile or
+    model, is leaving, or its entry is malformed (a Node annotation is anyone's with `patch nodes/status`
+    to write: it only ever names an address to ask, and what comes back is verified)."""
+    meta = node.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(PEER_ANNOTATION)
+    if not raw or leaving(node):
+        return None
+    try:
+        doc = json.loads(raw)
+        host, _, port = doc["endpoint"].rpartition(":")
+        ipaddress.ip_address(host)
+        port = int(port)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if doc.get("profile") != profile or doc.get("model") != model or doc.get("state") not in STATES:
+        return None
+    if not 0 < port < 65536:
+        return None
+    return Peer(node=meta.get("name", ""), host=host, port=port, state=doc["state"])
+
+
+def internal_ip(node: dict) -> str | None:
+    """The Node's InternalIP, the one address its peer server binds to."""
+    for a in (node.get("status") or {}).get("addresses") or ():
+        if a.get("type") == "InternalIP" and a.get("address"):
+            return a["address"]
+    return None
