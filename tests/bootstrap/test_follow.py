@@ -6,17 +6,15 @@ Deployment/ReplicaSet controllers, real S3, the agent with its node's kubelet id
 from __future__ import annotations
 
 import copy
-import threading
 
 import pytest
-from kubernetes import config
 
 from support.builders import NO_CACHE, v
-from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
+from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model
 from support.controller_fixtures import wait_for
 from nodewarm import profile
 from nodewarm.api import generation
-from nodewarm.bootstrap.follow import Follower, FollowOptions, older_pods, stale_model_dirs
+from nodewarm.bootstrap.follow import older_pods, stale_model_dirs
 from nodewarm.controller.kube import NODES, Resource
 from nodewarm.api.names import GENERATION_LABEL
 
@@ -38,25 +36,6 @@ def test_older_pods_are_the_running_ones_of_another_generation():
             {"metadata": {"name": "done", "labels": {GENERATION_LABEL: "g1"}}, "status": {"phase": "Succeeded"}},
             {"metadata": {"name": "new", "labels": {GENERATION_LABEL: "g2"}}, "status": {"phase": "Pending"}}]
     assert older_pods(pods, "g2") == ["old"]
-
-
-class Running:
-    """A Follower in a thread, as the systemd unit or the DaemonSet runs it."""
-
-    def __init__(self, kube, tmp_path, node: str, name: str, once: bool = False):
-        api = config.new_client_from_config(config_file=str(node_kubeconfig(kube, tmp_path, node)))
-        self.mount = tmp_path / f"nvme-{node}"
-        self.mount.mkdir(exist_ok=True)
-        self.stop = threading.Event()
-        self.follower = Follower(api, FollowOptions(profile=name, mount=self.mount, node_name=node, load_check=False,
-                                                    once=once, watch_timeout_s=5, poll_s=0.2, retry_s=30), self.stop)
-        self.thread = threading.Thread(target=self.follower.run, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the agent did not stop"
 
 
 def serving_node(k, fresh_node, name: str, gpus: int):

@@ -52,11 +52,12 @@ CLEANUP_CONDITION = "Cleanup"
 CONTROLLER_NAME = "nodewarm-controller"
 CONTROLLER_NAMESPACE = "nodewarm"
 
-# Peers before S3 (docs/peers.md). The node agent writes PEER_ANNOTATION on its own Node: JSON {"profile", "endpoint"
-# ("<InternalIP>:<port>"), "generation", "state" (pulling|warm), "files", "bytes", "at"}; other agents of the profile
-# find it with a watch and read parts from it before S3. The controller mints the profile's key Secret (data:
-# PEER_KEY_CURRENT, PEER_KEY_PREVIOUS, 32 random bytes each) in spec.bootstrap.namespace and lets each of the profile's
-# nodes read it by a RoleBinding to system:node:<name>, deleted when the node goes.
+# Peers before S3 (docs/peers.md). The node agent writes PEER_ANNOTATION on its own Node: JSON {"profile",
+# "endpoint" ("<InternalIP>:<port>"), "model" (api.generation.model_key), "state" (pulling|warm), "files", "bytes",
+# "at"}; other agents of the profile find it with a watch and read parts from it before S3. The controller mints
+# the profile's key Secret (data: PEER_KEY_CURRENT, PEER_KEY_PREVIOUS, 32 random bytes each) in
+# spec.bootstrap.namespace and lets each of the profile's nodes read it by a RoleBinding to system:node:<name>,
+# deleted when the node goes.
 PEER_ANNOTATION = "nodewarm.io/peer"
 PEER_KEY_CURRENT, PEER_KEY_PREVIOUS = "current", "previous"
 PEER_KEY_ROTATED_ANNOTATION = "nodewarm.io/peer-key-rotated-at"

@@ -157,6 +157,7 @@ class AgentConfig:
     progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
     engine_check_s: float | None = None             # readiness.engineCheck's timeout; None: no engine check
     serving_namespace: str = default("serving.namespace")   # where the check pod runs (the serving pod's)
+    peering: object | None = field(default=None, compare=False)  # bootstrap.peering.Peering: peers on
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -275,18 +276,25 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
         if live is not None:
             live.on_progress(phase, snap)
 
+    peers = holdings = None
+    if cfg.peering is not None:
+        cfg.peering.begin(cfg.dest, cfg.dest.name)  # the weights' folder is named by the model's key
+        peers, holdings = cfg.peering.source(), cfg.peering.holdings
     try:
         # The pull makes its Progress in this thread: the listener set here is the one it calls.
         with weights_progress.listening(heard):
             summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
-                                                 load_check=cfg.load_check, streamer=cfg.streamer, stop=stop))
+                                                 load_check=cfg.load_check, streamer=cfg.streamer, stop=stop,
+                                                 peers=peers, holdings=holdings))
     except NodewarmError:
         timeline[Timeline.WEIGHTS_FAILED] = _stamp()
         raise
     finally:
         if first_get is not None:
             first_get.set()
+    if cfg.peering is not None:
+        cfg.peering.warm()
     if summary.first_byte_at is not None:
         timeline[Timeline.FIRST_BYTE] = _stamp(summary.first_byte_at)
     timeline[Timeline.WEIGHTS_DONE] = _stamp()

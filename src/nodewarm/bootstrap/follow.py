@@ -64,7 +64,7 @@ def streamer_tuning(p: WarmProfile) -> StreamerTuning:
 
 
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,
-                 node_labels: dict[str, str] | None = None) -> agent.AgentConfig:
+                 node_labels: dict[str, str] | None = None, peering=None) -> agent.AgentConfig:
     p = r.profile
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
@@ -75,7 +75,7 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
         engine_check_s=float(p.readiness.engine_check.timeout_s) if p.readiness.engine_check.enabled else None,
-        serving_namespace=p.serving.namespace,
+        serving_namespace=p.serving.namespace, peering=peering,
         **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))
 
 
@@ -106,6 +106,27 @@ class Follower:
         self.held: profilesource.Resolved | None = None     # the generation this node is warm for
         self.last: agent.AgentResult | None = None
         self._failed_at: float | None = None
+        self.peering = None     # bootstrap.peering.Peering while the profile has peers on
+
+    def _peering(self, p: WarmProfile):
+        """The profile's peers, started, restarted for new settings, or closed when turned off."""
+        want = p.weights.peers if p.weights.peers.enabled and self.api is not None else None
+        if self.peering is not None and (want is None or self.peering.cfg != want):
+            self.peering.withdraw("peers turned off or changed in the profile")
+            self.peering.close()
+            self.peering = None
+        if want is not None and self.peering is None:
+            from .peering import Peering
+
+            try:
+                self.peering = Peering(self.api, self.opt.node_name, p).start()
+            except Exception as e:  # noqa: BLE001 - without peers the pull is S3's, as before
+                log.warning("peers.not_started", error=str(e)[:300])
+        return self.peering
+
+    def close(self) -> None:
+        if self.peering is not None:
+            self.peering.close()
 
     # -- the parts ---------------------------------------------------------------------------------------
     def _report_not_warm(self, reason: str, message: str) -> None:
@@ -151,7 +172,7 @@ class Follower:
             return {}
 
     def first_warm(self, r: profilesource.Resolved) -> agent.AgentResult:
-        result = agent.run(agent_config(r, self.opt, self._node_labels()), self.api)
+        result = agent.run(agent_config(r, self.opt, self._node_labels(), self._peering(r.profile)), self.api)
         self.last = result
         if result.warm:
             self.held, self._failed_at = r, None
@@ -161,7 +182,7 @@ class Follower:
 
     def rewarm(self, r: profilesource.Resolved) -> bool:
         """Warm generation ``r`` on a node that serves ``self.held``. Returns whether the node now holds it."""
-        cfg = agent_config(r, self.opt, self._node_labels())
+        cfg = agent_config(r, self.opt, self._node_labels(), self._peering(r.profile))
         log.info("rewarm.start", profile=r.profile.name, generation=r.generation, serving=self.held.generation)
         image_wait = agent.image_waiter(cfg, self.api)
         result = agent.warm(cfg, image_wait)
@@ -228,6 +249,12 @@ class Follower:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> int:
         obj = self._wait_for_profile()
         if obj is None:
             return 1

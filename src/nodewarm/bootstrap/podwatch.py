@@ -47,22 +47,24 @@ def _path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"
 
 
-def _watch(api_client, namespace: str, query: list, resource_version: str, window_s: int):
+def _watch(api_client, path: str, query: list, resource_version: str, window_s: int):
     """Events (type, object) from ``resource_version`` until the server ends the watch after ``window_s``."""
     q = query + [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
                  ("timeoutSeconds", str(window_s))]
-    yield from watch_events(_request(api_client, "GET", _path(namespace), q, timeout=(5, window_s + 10), stream=True))
+    yield from watch_events(_request(api_client, "GET", path, q, timeout=(5, window_s + 10), stream=True))
 
 
 def follow(api_client, namespace: str, query: list, look: Callable[[dict[str, dict]], T | None], *,
-           left: Callable[[], float], stop: threading.Event, what: str, logger=log, **fields) -> Followed[T]:
+           left: Callable[[], float], stop: threading.Event, what: str, logger=log, path: str | None = None,
+           **fields) -> Followed[T]:
     """Keep the pods matching ``query`` (name -> object) current until ``look(pods)`` answers, ``left()`` reaches 0
-    or ``stop`` is set. ``what`` names the caller's log events (``<what>.watch``, ``<what>.api_error``, with
+    or ``stop`` is set. ``path`` follows another collection the same way (the peers' Nodes: /api/v1/nodes). ``what`` names the caller's log events (``<what>.watch``, ``<what>.api_error``, with
     ``fields``, on the caller's ``logger``). A refusal (401/403/404) is raised as the ApiException for the caller to word; other errors
     (connection, 5xx) are retried with a short back-off until the time is up."""
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
+    path = path or _path(namespace)
     pods: dict[str, dict] = {}
     rv = ""                 # resume point of the watch; empty: list first
     last_error: str | None = None
@@ -74,7 +76,7 @@ def follow(api_client, namespace: str, query: list, look: Callable[[dict[str, di
             return Followed(None, pods, last_error)
         try:
             if not rv:
-                listed = _request(api_client, "GET", _path(namespace), query)
+                listed = _request(api_client, "GET", path, query)
                 pods = {name_of(p): p for p in listed.get("items") or ()}
                 rv = (listed.get("metadata") or {}).get("resourceVersion", "")
                 answer = look(pods)
@@ -82,7 +84,7 @@ def follow(api_client, namespace: str, query: list, look: Callable[[dict[str, di
                     return Followed(answer, pods)
             window = max(1, math.ceil(min(left(), WATCH_WINDOW_S)))
             logger.info(f"{what}.watch", **fields, resource_version=rv, window_s=window)
-            with contextlib.closing(_watch(api_client, namespace, query, rv, window)) as events:
+            with contextlib.closing(_watch(api_client, path, query, rv, window)) as events:
                 for kind, obj in events:
                     if kind == "ERROR":
                         if obj.get("code") == 410:
