@@ -25,6 +25,8 @@ def checked(doc):
     (v(spec__nodes__role=None), "spec.nodes.role", ["IAM role"]),
     (v(spec__nodes__subnetSelectorTerms=None), "spec.nodes.subnetSelectorTerms", ["at least one term"]),
     (v("automode", spec__nodes__userData="#!/bin/bash\n"), "spec.nodes.userData", ["Auto Mode has no user data"]),
+    (v("automode", spec__weights={"peers": {"enabled": True}}), "spec.weights.peers.enabled",
+     ["AL2023 agent only", "turn peers off"]),
 ])
 def test_semantic_errors_name_field_value_and_fix(doc, field, words):
     with pytest.raises(ProfileError) as e:
@@ -46,6 +48,9 @@ def test_semantic_errors_name_field_value_and_fix(doc, field, words):
     (v(spec__serving__tensorParalelSize=2), "spec.serving", ["unknown field(s) ['tensorParalelSize']"]),
     (v(spec__compileCache=None), "spec", ["'compileCache' is required"]),
     (v(kind="Profile"), "kind", ["WarmProfile"]),
+    (v(spec__weights={"peers": {"enabled": True, "port": 80}}), "spec.weights.peers.port", ["minimum"]),
+    (v(spec__weights={"peers": {"maxMBps": 0}}), "spec.weights.peers.maxMBps", ["exclusiveMinimum"]),
+    (v(spec__weights={"peers": {"enable": True}}), "spec.weights.peers", ["unknown field(s) ['enable']"]),
 ])
 def test_schema_errors_name_field_value_and_fix(doc, field, words):
     with pytest.raises(ProfileError) as e:
