@@ -177,3 +177,20 @@ def test_nodes_pulling_together_read_each_byte_from_s3_about_once(model, proxy, 
     # Each part has one owner that fetches it from S3; the others read it from the owner's partial file.
     assert proxy.body_bytes <= 1.2 * total, (proxy.body_bytes, total)
     assert sum(results[n].peers["bytesFromPeers"] for n in names) >= 1.6 * total
+
+
+def test_two_warm_peers_share_the_load(model, warm_a, proxy, tmp_path):
+    files, uri = model
+    server_a, _ = warm_a
+    holdings_c, server_c = serve(tmp_path / "c")
+    try:
+        assert warm(uri, tmp_path / "c", holdings=holdings_c).ok
+        proxy.reset_counters()
+        source = PeerSource("b", lambda: [peer("a", server_a), peer("c", server_c)], lambda: KEYS)
+        summary = warm(uri, tmp_path / "b", peers=source)
+    finally:
+        server_c.stop()
+    assert summary.ok and visible_files(tmp_path / "b") == files and proxy.body_bytes == 0
+    by_peer = summary.peers["byPeer"]
+    # The least busy warm peer is asked: neither one carries it all.
+    assert set(by_peer) == {"a", "c"} and min(by_peer.values()) >= 0.2 * sum(by_peer.values()), by_peer
