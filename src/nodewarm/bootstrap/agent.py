@@ -287,8 +287,10 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
                                                  load_check=cfg.load_check, streamer=cfg.streamer, stop=stop,
                                                  peers=peers, holdings=holdings))
-    except NodewarmError:
+    except NodewarmError as e:
         timeline[Timeline.WEIGHTS_FAILED] = _stamp()
+        if cfg.peering is not None:
+            cfg.peering.failed(e.reason)
         raise
     finally:
         if first_get is not None:

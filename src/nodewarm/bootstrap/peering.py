@@ -102,6 +102,11 @@ class Peering:
         """Every file of the model is verified here: a peer may ask for any part."""
         self.announce("warm")
 
+    def failed(self, why: str) -> None:
+        """The pull failed: leave the directory, or the others would wait for the parts this node owns (up to
+        peerfetch.WAIT_S each) while it retries only minutes later. The next begin() announces it again."""
+        self._unannounce(f"the pull failed: {why}")
+
     def announce(self, state: str) -> None:
         if self.server is None or self.withdrawn is not None:
             return
@@ -120,11 +125,14 @@ class Peering:
         self.withdrawn = why
         if self.server is not None:
             self.server.stop()
+        self._unannounce(why)
+
+    def _unannounce(self, why: str) -> None:
         try:
             report_progress(self.api, self.node_name, {PEER_ANNOTATION: None})
-        except Exception as e:  # noqa: BLE001 - the server is down already; the others drop it on their next ask
-            log.warning("peers.withdraw_unannounced", error=str(e)[:300])
-        log.info("peers.withdrawn", why=why, node=self.node_name)
+        except Exception as e:  # noqa: BLE001 - the others drop it on their next ask that fails
+            log.warning("peers.unannounce_failed", error=str(e)[:300])
+        log.info("peers.unannounced", why=why, node=self.node_name)
 
     def close(self) -> None:
         self._done.set()
