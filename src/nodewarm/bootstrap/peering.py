@@ -94,8 +94,13 @@ class Peering:
             self.server.stop()
             self.server = None
         if self.host is not None and self.withdrawn is None:
-            self.server = PeerServer(self.host, self.cfg.port, self.holdings, self.keys, self.cfg.max_connections,
-                                     self.cfg.max_mbps * 1e6).start()
+            try:
+                self.server = PeerServer(self.host, self.cfg.port, self.holdings, self.keys, self.cfg.max_connections,
+                                         self.cfg.max_mbps * 1e6).start()
+            except (OSError, ValueError) as e:  # the port taken, the address not this host's: read, never serve
+                log.warning("peers.not_serving", address=f"{self.host}:{self.cfg.port}", error=str(e)[:300],
+                            then="this node reads from peers but serves none")
+                return
             self.announce("pulling")
 
     def warm(self) -> None:
