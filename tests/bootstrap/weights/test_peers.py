@@ -94,18 +94,22 @@ def test_a_peer_serving_wrong_bytes_is_dropped_and_its_file_comes_from_s3(model,
     assert summary.peers["bytesDiscarded"] > 0
 
 
+def pull_through_fault(uri, dest, server: PeerServer, action, **source) -> object:
+    """Pull into ``dest`` from peer ``a`` behind a fault proxy that applies ``action`` to every GET."""
+    host, port = server.address
+    fault = FaultProxy(f"http://{host}:{port}", rule=lambda req: action if req.is_get else None)
+    try:
+        port = int(fault.endpoint.rsplit(":", 1)[1])
+        return warm(uri, dest, peers=PeerSource("b", lambda: [Peer("a", "127.0.0.1", port, "warm")], lambda: KEYS,
+                                                **source))
+    finally:
+        fault.stop()
+
+
 def test_a_peer_that_dies_mid_range_is_dropped_and_the_pull_ends_verified(model, warm_a, proxy, tmp_path):
     files, uri = model
-    server, _ = warm_a
-    host, port = server.address
-    cut = FaultProxy(f"http://{host}:{port}", rule=lambda req: Reset(after=100_000) if req.is_get else None)
-    try:
-        proxy.reset_counters()
-        source = PeerSource("b", lambda: [Peer("a", "127.0.0.1", int(cut.endpoint.rsplit(":", 1)[1]), "warm")],
-                            lambda: KEYS)
-        summary = warm(uri, tmp_path / "b", peers=source)
-    finally:
-        cut.stop()
+    proxy.reset_counters()
+    summary = pull_through_fault(uri, tmp_path / "b", warm_a[0], Reset(after=100_000))
     assert summary.ok and visible_files(tmp_path / "b") == files
     assert "a" in summary.peers["dropped"]
     assert proxy.body_bytes + summary.peers["bytesFromPeers"] == sum(map(len, files.values()))
@@ -113,15 +117,7 @@ def test_a_peer_that_dies_mid_range_is_dropped_and_the_pull_ends_verified(model,
 
 def test_a_slow_peer_is_dropped_for_s3(model, warm_a, proxy, tmp_path):
     files, uri = model
-    server, _ = warm_a
-    host, port = server.address
-    slow = FaultProxy(f"http://{host}:{port}", rule=lambda req: Trickle(bytes_per_s=50_000) if req.is_get else None)
-    try:
-        source = PeerSource("b", lambda: [Peer("a", "127.0.0.1", int(slow.endpoint.rsplit(":", 1)[1]), "warm")],
-                            lambda: KEYS, low_speed=(1e6, 0.5))
-        summary = warm(uri, tmp_path / "b", peers=source)
-    finally:
-        slow.stop()
+    summary = pull_through_fault(uri, tmp_path / "b", warm_a[0], Trickle(bytes_per_s=50_000), low_speed=(1e6, 0.5))
     assert summary.ok and visible_files(tmp_path / "b") == files
     assert "slower than" in summary.peers["dropped"]["a"]
 
