@@ -29,6 +29,7 @@ from nodewarm.api.names import CACHE_ANNOTATION, WARM_CONDITION
 from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.controller.manager import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
+from nodewarm.controller.warmprofile import peerkeys
 from nodewarm.api.views import ClaimView, NodeView
 from support import builders
 from support.builders import v
@@ -100,6 +101,8 @@ def exercised_metrics() -> Metrics:
         m.reconcile_errors.labels(kind).inc()
     m.queue_depth.set(3)
     m.device_plugins_missing.labels("p1").set(1)
+    for action in (*peerkeys.REASONS, "forbidden"):     # warmprofile/peerkeys.py's decisions
+        m.peer_keys.labels("p1", action).inc()
     m.leader.set(1)
     return m
 

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 
 from . import defaults
 from .decisions import Decision
-from .names import CLEANUP_CONDITION, CLEANUP_FINALIZER, NODEPOOL_LABEL, STATE_ANNOTATION, TIMELINE_ANNOTATION, \
-    WARM_CONDITION, WARM_GENERATION_ANNOTATION
+from .names import CLEANUP_CONDITION, CLEANUP_FINALIZER, NODEPOOL_LABEL, PROFILE_LABEL, STATE_ANNOTATION, \
+    TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION
 from .timeutil import fmt_time, parse_time
 
 # Karpenter's NodeClaim lifecycle conditions (kubernetes-sigs/karpenter pkg/apis/v1 nodeclaim_status.go).
@@ -136,6 +136,7 @@ class NodeView:
     taints: tuple[dict, ...]        # exactly as stored: the guarded patch tests them byte for byte
     warm: Condition | None
     resource_version: str = field(default="", compare=False)
+    profile: str = ""               # nodewarm.io/profile (the NodePool template's): whose peer key it may read
 
     @classmethod
     def from_obj(cls, o: dict) -> "NodeView":
@@ -147,7 +148,7 @@ class NodeView:
             any_labels=bool(md.get("labels")), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             annotations=ann, any_annotations=bool(md.get("annotations")),
             taints=tuple(spec.get("taints") or ()), warm=condition(o, WARM_CONDITION),
-            resource_version=md.get("resourceVersion", ""),
+            resource_version=md.get("resourceVersion", ""), profile=(md.get("labels") or {}).get(PROFILE_LABEL, ""),
         )
 
     def has_taint(self, key: str) -> bool:

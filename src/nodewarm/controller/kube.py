@@ -74,6 +74,10 @@ PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 PODTEMPLATES = Resource("", "v1", "podtemplates", "PodTemplate", namespaced=True)
 # Listed and watched across all namespaces (/apis/apps/v1/daemonsets): the device plugins (warmprofile/deviceplugins.py).
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+# A peers profile's key and who may read it, in its bootstrap namespace (warmprofile/peerkeys.py).
+SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
 
 # A guarded write (a test op, a resourceVersion) that meets a changed object re-reads it and tries again, this often.
 MAX_CONFLICT_RETRIES = 5

@@ -41,7 +41,7 @@ from .nodeclaim.controller import NodeClaimController
 from .options import ControllerOptions
 from .pairing import ProviderIndex
 from .reflector import Reflector, wait_synced
-from .warmprofile import deviceplugins
+from .warmprofile import deviceplugins, peerkeys
 from .warmprofile.controller import WarmProfileController
 from .warmprofile.view import ProfileIndex, ProfileView
 from .workqueue import WorkQueue
@@ -137,6 +137,18 @@ class Controller:
         if claim:
             self.queue.add(f"claim/{claim}")
         self._enqueue_check(old, new)
+        self._enqueue_peers(kind, old, new)
+
+    def _enqueue_peers(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
+        """A node joining or leaving a profile: the profile's key bindings (warmprofile/peerkeys.py). Only then:
+        a node's status and annotations change all the time and say nothing about who may read the key."""
+        if kind == "MODIFIED" and old is not None and new is not None and old.profile == new.profile:
+            return
+        for name in {v.profile for v in (old, new) if v is not None and v.profile}:
+            view = self.profile_index.view(name)
+            p = self.profile_index.static(name) or (view.profile if view else None)
+            if (p is not None and p.weights.peers.enabled) or peerkeys.had_peers(view):
+                self.queue.add(f"profile/{name}")
 
     def _enqueue_check(self, old: NodeView | None, new: NodeView | None) -> None:
         """A node that asks for (or answered) an engine check, of a profile that has it on: its check key. A deleted

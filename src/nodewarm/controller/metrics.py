@@ -47,6 +47,9 @@ class Metrics:
         self.engine_seconds = Histogram(
             "nodewarm_engine_check_seconds", "A passed engine check's vLLM boot (process start to /health) and first "
             "token (ready to the first completion)", ["nodepool", "what"], registry=r, buckets=BUCKETS)
+        self.peer_keys = Counter(
+            "nodewarm_peer_keys_total", "Peer key decisions (spec.weights.peers): mint, rotate, role, bind, unbind, "
+            "remove carried out, forbidden (no RBAC in the bootstrap namespace)", ["profile", "action"], registry=r)
         self.leader = Gauge("nodewarm_leader", "1 while this replica holds the Lease", registry=r)
 
     def observe(self, nodepool: str, counters, durations) -> None:

@@ -5,7 +5,8 @@ into the NodePool (removing it drifts every live NodeClaim exactly as adding it 
 decides: with live NodeClaims it would drift and spec.injection.onLive not ``drift``, the taint stays and so does the
 finalizer. The terminating profile then keeps gating the pool (agents still read it, the controller still lifts the
 taint once a node is Warm): no node is replaced and none is left stuck; condition Cleanup=False (WouldDrift) says how
-to finish and what it costs, and the reconciler looks again as NodeClaims come and go. The NodeClass's user data
+to finish and what it costs, and the reconciler looks again as NodeClaims come and go. Its peer key Secret, Role and
+RoleBindings go first, whatever the taint does: no agent of a deleted profile serves peers (peerkeys.py). The NodeClass's user data
 (and instanceStorePolicy) stays either way: removing it would replace every node of the class, and an agent whose
 profile is gone only reports ProfileNotFound.
 """
@@ -24,6 +25,7 @@ from ..nodepatch import guarded_taint_removal
 from ..shared import Manager
 from .conditions import Step, warning
 from .inject import Injector, Release, conflict_managers
+from .peerkeys import remove as remove_peers
 from .view import ProfileView
 
 
@@ -39,7 +41,7 @@ def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:
         keys -= {other.readiness.taint_key for other in live if other.nodes.node_pool == pool}
     on_live = view.profile.injection.on_live if view.profile else "refuse"
     held: list[Release] = []
-    events: list[EventSpec] = []
+    events: list[EventSpec] = remove_peers(mgr, view)
     try:
         for key in sorted(keys) if pool else ():
             done = _release(injector, view, pool, key, on_live, events)

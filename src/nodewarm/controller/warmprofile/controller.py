@@ -2,7 +2,9 @@
 
   inject         -> Injected               (inject.py: its fields into its NodeClass and NodePool)
   device plugins -> DevicePluginsTolerate  (deviceplugins.py: can the GPU's device plugin start on a warming node)
-  cleanup        -> Cleanup                (cleanup.py: a deleted profile's taint out of its pool, then the finalizer)
+  peers          -> Peers                  (peerkeys.py: the peer key Secret, rotated, readable by the profile's nodes)
+  cleanup        -> Cleanup                (cleanup.py: a deleted profile's taint out of its pool, its peer key, then
+                                            the finalizer)
 
 Each phase returns a Step (conditions.py): its condition, its events, and what goes with them (status.injected, the
 finalizer's removal). The reconciler emits the events and writes the WarmProfile once: its status with every
@@ -24,7 +26,7 @@ from nodewarm.api.views import Condition
 
 from ..kube import WARMPROFILES
 from ..shared import Manager
-from . import cleanup, conditions, deviceplugins, inject
+from . import cleanup, conditions, deviceplugins, inject, peerkeys
 from .conditions import Step
 from .view import ProfileView
 
@@ -33,6 +35,8 @@ class WarmProfileController:
     def __init__(self, mgr: Manager):
         self.mgr = mgr
         self.injector = inject.Injector(mgr.kube, mgr.opt.dry_run, mgr.opt.instance_source)
+        self.clock = time.time                          # the peer key's rotation reads it (tests move it)
+        self._rotation_due: dict[str, float] = {}       # profile -> when its key rotation is queued for
 
     def reconcile(self, name: str) -> inject.InjectResult | None:
         mgr = self.mgr
@@ -48,8 +52,21 @@ class WarmProfileController:
         view = self._add_finalizer(view)
         injection, result = inject.reconcile(mgr, self.injector, view, p)
         plugins = deviceplugins.reconcile(mgr, view, p)
-        self._write(view, [injection] + ([plugins] if plugins is not None else []))
+        peers = self._peers(view, p)
+        self._write(view, [injection] + [s for s in (plugins, peers) if s is not None])
         return result
+
+    def _peers(self, view: ProfileView | None, p) -> Step | None:
+        """The peers phase, and the profile queued again for when its key falls due (once per due time: every
+        reconcile adding its own delayed key would pile up in the queue's heap over a rotation interval)."""
+        now = self.clock()
+        step, rotate_in_s = peerkeys.reconcile(self.mgr, view, p, now)
+        if rotate_in_s is None:
+            self._rotation_due.pop(p.name, None)
+        elif self._rotation_due.get(p.name) != now + rotate_in_s:
+            self._rotation_due[p.name] = now + rotate_in_s
+            self.mgr.queue.add_after(f"profile/{p.name}", rotate_in_s)
+        return step
 
     def _add_finalizer(self, view: ProfileView | None) -> ProfileView | None:
         """Before the first injection: from then on a deletion waits for the clean-up."""
