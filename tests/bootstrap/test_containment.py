@@ -18,7 +18,7 @@ from support.s3faults import Reply
 from nodewarm.bootstrap.agent import AgentConfig
 from nodewarm.bootstrap.compilecache import cachekey, hardware, publish, restore, signing
 from nodewarm.bootstrap.compilecache.cachestore import CacheStore, parse_uri
-from nodewarm.bootstrap.weights.s3pull import PARTIAL_DIR
+from nodewarm.bootstrap.weights.partial import PARTIAL_DIR
 from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3

@@ -18,7 +18,7 @@ import pytest
 from nodewarm.bootstrap.weights.manifest import RemoteObject
 from nodewarm.bootstrap.weights.peerauth import PeerKeys, sign
 from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer, TokenBucket, object_path
-from nodewarm.bootstrap.weights.s3pull import partial_paths
+from nodewarm.bootstrap.weights.partial import partial_paths
 
 KEYS = PeerKeys(os.urandom(32))
 PART = 1024

@@ -14,6 +14,7 @@ from support.bootstrap_fixtures import (
 from support.s3faults import Reply
 from nodewarm.bootstrap import s3client
 from nodewarm.bootstrap.weights import listing, s3pull
+from nodewarm.bootstrap.weights.partial import partial_paths
 from nodewarm.bootstrap.weights.capacity import InsufficientNVMe
 from nodewarm.bootstrap.weights.manifest import parse_s3_uri
 from nodewarm.bootstrap.weights.progress import Progress, render_bar
@@ -255,7 +256,7 @@ def test_resume_trusts_a_journaled_part_only_by_its_own_digest(s3_exact, exact_p
         r.headers["range"].startswith(f"bytes={10 * MiB}-") else None
     with pytest.raises(NodewarmError):
         warm(uri, dest, concurrency=1)
-    temp, journal = s3pull.partial_paths(dest, name)
+    temp, journal = partial_paths(dest, name)
     header, *lines = journal.read_text().splitlines()
     assert json.loads(header)["part_digest"] == "MD5" and json.loads(header)["part_size"] == 5 * MiB
     assert sorted(line.split()[0] for line in lines) == ["0", "1"] and all(len(line.split()[1]) == 32 for line in lines)

@@ -12,7 +12,7 @@ import pytest
 from support.bootstrap_fixtures import KiB, loop_volume, model_files, put_model, visible_files, warm
 from nodewarm_dev.testenv.faultproxy import Corrupt, Headers, first_n
 from support.s3faults import Reply
-from nodewarm.bootstrap.weights.s3pull import partial_paths
+from nodewarm.bootstrap.weights.partial import partial_paths
 from nodewarm.api.errors import NodewarmError
 
 pytestmark = pytest.mark.s3

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 import os
 import re
 import socket
@@ -40,6 +39,7 @@ from .. import confined
 from ..confined import UnsafePath
 from . import peerauth
 from .manifest import RemoteObject, local_rel_path
+from .partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
 from .peerauth import PeerAuthFailed, PeerKeys
 
 log = logs.get("bootstrap.weights.peers")
@@ -53,8 +53,6 @@ IDLE_TIMEOUT_S = 30.0
 # How long a refused connection may take to send us the rest of its request before it is closed; reading it first
 # lets the 503 reach the client instead of a reset.
 REFUSE_DRAIN_S = 1.0
-# A journal line is "<part> <digest hex>\n" (s3pull.py); a line torn by a crash has no newline and is ignored.
-_JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8,64})\n")
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 
 
@@ -243,8 +241,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _open_partial(self, dest: Path, obj: RemoteObject, first: int, last: int) -> int | None:
         """An fd of the temp file when its journal lists every part of [first, last]; None when there is no temp
         file; _NotHeld(404) when it is another object version's, _NotHeld(416) when some part is not there yet."""
-        # Imported here: s3pull imports peerfetch, which imports this module.
-        from .s3pull import JOURNAL_SUFFIX, PARTIAL_DIR, PART_SUFFIX
 
         rel = PurePosixPath(PARTIAL_DIR) / obj.rel_path
         fd = _open_file(dest, rel.with_name(rel.name + PART_SUFFIX), obj.size)
@@ -304,19 +300,19 @@ def _journaled_parts(dest: Path, rel: PurePosixPath, obj: RemoteObject) -> tuple
     if fd is None:
         return None
     with os.fdopen(fd, "r", encoding="utf-8", errors="replace", newline="") as f:
-        lines = f.readlines()
+        parsed = parse_journal(f.readlines())
+    if parsed is None:
+        return None
+    header, parts = parsed
+    if header.get("etag") != obj.etag or header.get("size") != obj.size:
+        return None
     try:
-        if not lines[0].endswith("\n"):
-            return None
-        header = json.loads(lines[0])
-        if header.get("etag") != obj.etag or header.get("size") != obj.size:
-            return None
         part_size = int(header["part_size"])
-    except (IndexError, ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError):
         return None
     if part_size < 1:
         return None
-    return part_size, {int(m[1]) for line in lines[1:] if (m := _JOURNAL_LINE.fullmatch(line))}
+    return part_size, set(parts)
 
 
 

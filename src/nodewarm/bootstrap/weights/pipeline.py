@@ -27,7 +27,7 @@ from nodewarm.api.errors import NodewarmError
 
 from .. import confined, s3client
 from ..localwrite import write_error
-from . import capacity, listing, manifest, mounts, s3pull
+from . import capacity, listing, manifest, mounts, partial, s3pull
 from .loadcheck import LoadCheck, LoadCheckFailed, StreamerTuning, check_header, check_loadable
 from .verify import UNVERIFIED
 from .progress import Progress
@@ -249,7 +249,7 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
 
         with phase("capacity"):
             # Preallocated partials from an interrupted run already hold their space.
-            held = sum(_allocated(s3pull.partial_paths(dest, rels[o.key])[0]) for o in likely)
+            held = sum(_allocated(partial.partial_paths(dest, rels[o.key])[0]) for o in likely)
             need = max(0, sum(o.size for o in likely) - held)
             if likely:
                 capacity.check_fits(capacity.free_space(str(dest)), need, cfg.headroom)
@@ -373,11 +373,11 @@ class _LoadChecker:
 def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
     """Remove partial files of objects this run will not fetch (deleted from S3, or complete since):
     nothing else would ever remove them, and they hold their full preallocated size."""
-    root = dest / s3pull.PARTIAL_DIR
+    root = dest / partial.PARTIAL_DIR
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         base = Path(dirpath)
         for name in filenames:
-            rel = s3pull.partial_rel_path(str((base / name).relative_to(root)))
+            rel = partial.partial_rel_path(str((base / name).relative_to(root)))
             if rel not in fetching:
                 (base / name).unlink(missing_ok=True)
                 log.info("weights.partial_removed", file=str((base / name).relative_to(dest)))

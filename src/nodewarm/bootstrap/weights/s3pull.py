@@ -30,7 +30,6 @@ import json
 import math
 import os
 import queue
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +45,7 @@ from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, S3Unavailable, call_with_retries
 from . import peerfetch, rangeget
 from .manifest import RemoteObject
+from .partial import parse_journal, partial_paths
 from .progress import Progress
 from .verify import (
     UNVERIFIED, StreamHash, VerifyFailed, aligned_part_size, hasher_factory, method_for, part_digest_algorithm,
@@ -57,14 +57,10 @@ log = logs.get("bootstrap.weights")
 MiB = 1024**2
 # Per-thread buffer: pwrite and hashing run once per chunk, so per-chunk Python work stays negligible.
 READ_CHUNK = 4 * MiB
-PARTIAL_DIR = ".nodewarm/partial"
-PART_SUFFIX, JOURNAL_SUFFIX = ".part", ".part.journal"
 # How long one presigned URL serves an object's parts (see _Pull._url).
 URL_REUSE_S = 300.0
 # How often the feeding thread looks at ``stop`` while the workers run: a stopped agent leaves within this.
 STOP_POLL_S = 0.25
-# A journal line is "<part> <digest hex>\n"; anything else (a line torn by a crash) is ignored.
-_JOURNAL_LINE = re.compile(r"(\d+) ([0-9a-f]{8,64})\n")
 
 
 @dataclass(frozen=True)
@@ -103,19 +99,6 @@ class PulledFile:
     fsync_s: float
     verify_s: float
     sha256: str | None = None  # hex, recorded for files S3 gave no checksum for (verified_by UNVERIFIED)
-
-
-def partial_paths(dest: Path, rel_path: str) -> tuple[Path, Path]:
-    temp = dest / PARTIAL_DIR / (rel_path + PART_SUFFIX)
-    return temp, temp.with_name(temp.name + ".journal")
-
-
-def partial_rel_path(name: str) -> str | None:
-    """The model file a name under PARTIAL_DIR belongs to (None: not one of ours)."""
-    for suffix in (JOURNAL_SUFFIX, PART_SUFFIX):
-        if name.endswith(suffix):
-            return name[:-len(suffix)]
-    return None
 
 
 class _File:
@@ -207,16 +190,14 @@ class _File:
         """Parts an earlier run journaled for the very same object version and layout (part -> digest),
         else None."""
         try:
-            lines = self.journal_path.read_text().splitlines(keepends=True)
-            if not lines[0].endswith("\n"):
+            parsed = parse_journal(self.journal_path.read_text().splitlines(keepends=True))
+            if parsed is None or self.temp.stat().st_size != self.obj.size:
                 return None
-            header = json.loads(lines[0])
-            if self.temp.stat().st_size != self.obj.size:
-                return None
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):
             return None
+        header, parts = parsed
         same = ("key", "etag", "version_id", "size", "part_digest")
-        if not isinstance(header, dict) or {k: header.get(k) for k in same} != {k: self.header[k] for k in same}:
+        if {k: header.get(k) for k in same} != {k: self.header[k] for k in same}:
             return None
         try:
             self.header["part_size"] = int(header["part_size"])  # resume needs the earlier layout
@@ -224,7 +205,7 @@ class _File:
             return None
         if self.header["part_size"] < 1:
             return None
-        return {int(m[1]): bytes.fromhex(m[2]) for line in lines[1:] if (m := _JOURNAL_LINE.fullmatch(line))}
+        return parts
 
     def _still_intact(self, journaled: dict[int, bytes]) -> dict[int, bytes]:
         """The journaled parts whose bytes still have the digest written with them."""
