@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from nodewarm.controller.kube import WARMPROFILES
+from nodewarm.controller.kube import NODES, WARMPROFILES, Resource
 from nodewarm.kubeapply import apply
 from nodewarm import profile
 from nodewarm.api import prepullpod
@@ -81,3 +81,38 @@ def kubelet_pulls(admin):
                 core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
             except ApiException:
                 pass
+
+
+
+@pytest.fixture
+def grant_peer_key(k):
+    """grant(profile, nodes): the controller's peer-key reconcile (warmprofile/peerkeys.py: observe, plan, apply) for
+    ``profile`` with ``nodes`` (names), so the agents read the key exactly as the controller mints and binds it; its
+    objects go afterwards, as when peers are turned off."""
+    import time
+    from types import SimpleNamespace
+
+    from nodewarm.controller.warmprofile import peerkeys
+
+    mgr, granted = SimpleNamespace(kube=k), []
+
+    def reconcile(p, nodes, enabled=True):
+        ns = p.bootstrap.namespace
+        try:
+            k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        uids = [peerkeys.Node(n, k.get(NODES, n)["metadata"]["uid"]) for n in nodes]
+        todo = peerkeys.plan(p.name, ns, enabled, p.weights.peers.key_rotation_s, uids,
+                             peerkeys.observe(mgr, p.name, ns), time.time())
+        for action in todo.actions:
+            peerkeys.apply(mgr, ns, action)
+
+    def grant(p, nodes):
+        granted.append(p)
+        reconcile(p, nodes)
+
+    yield grant
+    for p in granted:
+        reconcile(p, [], enabled=False)

@@ -17,6 +17,7 @@ from nodewarm.controller import manifests
 from nodewarm.controller.kube import NODES, ROLEBINDINGS, ROLES, SECRETS, WARMPROFILES, Kube
 from nodewarm.controller.warmprofile import peerkeys
 from nodewarm.controller.warmprofile.peerkeys import Node, Observed, plan
+from nodewarm.nodeclasses import peeraccess
 
 from support.controller_fixtures import events_for, installed, running, uniq, wait_for
 from support.rbac import KINDS, apply_replacing
@@ -160,7 +161,7 @@ def _reads(kube, node: str, ns: str, secret: str) -> int:
 
 
 def _bindings(k: Kube, ns: str, profile: str) -> list[dict]:
-    """The profile's node bindings (the namespace also holds the controller's own, manifests.peer_rbac)."""
+    """The profile's node bindings (the namespace also holds the controller's own, peeraccess.controller_rbac)."""
     return k.list(ROLEBINDINGS, ns, labelSelector=peerkeys.selector(profile))["items"]
 
 
@@ -172,11 +173,11 @@ def _peers_condition(k: Kube, name: str) -> dict | None:
 @pytest.fixture()
 def as_controller(kube):
     """The controller's ServiceAccount with exactly the shipped RBAC: its ClusterRole and, in a fresh bootstrap
-    namespace, manifests.peer_rbac. Yields (admin Kube, the SA's ApiClient, the bootstrap namespace)."""
+    namespace, peeraccess.controller_rbac. Yields (admin Kube, the SA's ApiClient, the bootstrap namespace)."""
     ak = Kube(kube.api_client())
     ctl, boot = uniq("nodewarm"), uniq("boot")
     ns = lambda n: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}  # noqa: E731
-    apply_replacing(ak, [ns(ctl), ns(boot), *manifests.rbac(ctl), *manifests.peer_rbac(boot, ctl)])
+    apply_replacing(ak, [ns(ctl), ns(boot), *manifests.rbac(ctl), *peeraccess.controller_rbac(boot, ctl)])
     yield ak, kube.api_client(kube.service_account_token(ctl, manifests.NAME)), boot
 
 
@@ -273,11 +274,11 @@ def test_without_peers_nothing_exists_and_a_deleted_profile_takes_its_key_with_i
 
 
 def test_the_controllers_peer_rbac_is_exactly_what_peerkeys_does():
-    rules = {r["resources"][0]: set(r["verbs"]) for r in manifests.peer_rules()}
+    rules = {r["resources"][0]: set(r["verbs"]) for r in peeraccess.RULES}
     assert rules == {"secrets": {"get", "create", "update", "delete"}, "roles": {"get", "create", "update", "delete"},
                      "rolebindings": {"list", "create", "update", "delete"}}
-    assert all("resourceNames" not in r for r in manifests.peer_rules())
-    role, binding = manifests.peer_rbac("boot", "ctl")
+    assert all("resourceNames" not in r for r in peeraccess.RULES)
+    role, binding = peeraccess.controller_rbac("boot", "ctl")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "boot"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": manifests.NAME, "namespace": "ctl"}]
     # Not cluster-wide: the ClusterRole still reaches no Secret.
@@ -293,7 +294,7 @@ def test_a_bootstrap_namespace_without_the_controllers_peer_role_is_reported_not
                    spec__bootstrap__namespace=bare) as inst, running(sa_client) as c:
         cond = wait_for(lambda: (x := _peers_condition(ak, inst.name)) and x["reason"] == "Forbidden" and x,
                         timeout_s=20, what="condition Peers=False Forbidden")
-        assert cond["status"] == "False" and f"peer_rbac('{bare}')" in cond["message"]
+        assert cond["status"] == "False" and f"{peeraccess.NAME} in {bare}" in cond["message"]
         assert c.metrics.peer_keys.labels(inst.name, "forbidden")._value.get() >= 1
         assert c.metrics.reconcile_errors.labels("profile")._value.get() == 0
         assert _gone(lambda: ak.get(SECRETS, peer_secret_name(inst.name), bare))

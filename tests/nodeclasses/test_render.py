@@ -554,3 +554,16 @@ def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
     cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n", stream_check=True))
     assert cfg.load_check and (cfg.streamer.concurrency, cfg.streamer.chunk_bytes) == (want_concurrency, want_chunk)
     assert want_chunk == 2 * 2**30
+
+
+def test_peers_render_the_controllers_role_for_the_key_and_nothing_else_changes():
+    off = rendered(v())
+    on = rendered(v(spec__weights={"peers": {"enabled": True}}))
+    added = [d for d in on if d not in off]
+    # The WarmProfile itself carries the setting; beyond it only the controller's Role and RoleBinding in the
+    # bootstrap namespace (where the key Secret lives) are new, and every other document is the same.
+    assert sorted((d["kind"], d["metadata"].get("namespace")) for d in added) == [
+        ("Role", "nodewarm-system"), ("RoleBinding", "nodewarm-system"), ("WarmProfile", None)]
+    role = next(d for d in added if d["kind"] == "Role")
+    assert {r["resources"][0] for r in role["rules"]} == {"secrets", "roles", "rolebindings"}
+    assert len(on) == len(off) + 2

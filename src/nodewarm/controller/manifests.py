@@ -16,10 +16,9 @@ What it may do, and why each rule exists:
 * pods: nowhere here. A profile with ``readiness.engineCheck`` renders a Role in its serving namespace that lets the
   controller create, find and delete the check pods there and read their PodTemplate
   (nodewarm/nodeclasses/enginecheck.py), so it touches pods only where a profile asks.
-* secrets, roles, rolebindings: nowhere here either. A profile with spec.weights.peers needs :func:`peer_rbac` in
-  its spec.bootstrap.namespace (the key Secret and who may read it, warmprofile/peerkeys.py): Secret names follow
-  profile names, so resourceNames cannot narrow them, and a cluster-wide rule would read every Secret in the
-  cluster. Without it the profile's condition Peers says Forbidden and names this.
+* secrets, roles, rolebindings: nowhere here either. A profile with spec.weights.peers renders a Role in its
+  spec.bootstrap.namespace for the key Secret and who may read it (nodewarm/nodeclasses/peeraccess.py says why
+  nothing cluster-wide).
 
 Besides: a Service in front of the replicas' ``metrics`` port (what a Prometheus scrape or a ServiceMonitor
 selects) and the ServiceMonitor itself (for the Prometheus Operator; the Helm chart renders it only with
@@ -75,33 +74,6 @@ def rbac(namespace: str = CONTROLLER_NAMESPACE, events_namespace: str = "default
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": meta(events_namespace, f"{NAME}-events"), "roleRef": role_ref("Role", f"{NAME}-events"),
          "subjects": [sa]},
-    ]
-
-
-def peer_rules() -> list[dict]:
-    """What the controller does with a peers profile's key (warmprofile/peerkeys.py), in that profile's bootstrap
-    namespace: read, create, rotate (update) and delete the key Secret; read, create, update and delete the Role
-    that lets the profile's nodes get it; list the per-node RoleBindings, create, re-own (update), delete them.
-    ``get`` on secrets is also what Kubernetes' escalation check asks of whoever creates a Role granting it, or a
-    RoleBinding to that Role (without the broader ``escalate``/``bind`` verbs). No list/watch on secrets: the key is
-    read by name."""
-    return [
-        _rule([""], ["secrets"], ["get", "create", "update", "delete"]),
-        _rule(["rbac.authorization.k8s.io"], ["roles"], ["get", "create", "update", "delete"]),
-        _rule(["rbac.authorization.k8s.io"], ["rolebindings"], ["list", "create", "update", "delete"]),
-    ]
-
-
-def peer_rbac(bootstrap_namespace: str, namespace: str = CONTROLLER_NAMESPACE) -> list[dict]:
-    """The Role and RoleBinding that let the controller (ServiceAccount in ``namespace``) manage peer keys in
-    ``bootstrap_namespace``: one per bootstrap namespace of the profiles with spec.weights.peers."""
-    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "nodewarm"}
-    meta = {"name": f"{NAME}-peers", "namespace": bootstrap_namespace, "labels": labels}
-    return [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": peer_rules()},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{NAME}-peers"},
-         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}]},
     ]
 
 

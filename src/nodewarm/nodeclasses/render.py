@@ -16,7 +16,7 @@ from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
 from nodewarm.userdata import daemonset
 
-from . import agentaccess, automode, ec2nodeclass, enginecheck, iam, identity, nodepool, prepull, vllm
+from . import agentaccess, automode, ec2nodeclass, enginecheck, iam, identity, nodepool, peeraccess, prepull, vllm
 from .launch import bootstrap_launch
 
 
@@ -66,6 +66,7 @@ def render(p: WarmProfile, types: dict[str, InstanceType],
         # The host agent needs no namespace, but the image pre-pull pod does. The same Namespace document as the
         # DaemonSet launchers': profiles of both kinds may share it, and each apply would otherwise flip its labels.
         docs += agentaccess.node_rbac() + [daemonset.namespace_doc(p.bootstrap.namespace)]
+        docs += peeraccess.manifests(p, controller_namespace)   # nothing unless peers are on
     docs.append(prepull.daemonset(p))
     if p.compile_cache.publisher:
         docs.append(vllm.publisher_service_account(p))

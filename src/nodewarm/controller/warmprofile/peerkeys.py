@@ -11,7 +11,7 @@ garbage collector removes it) and deleted here as well, since nothing says a gar
 
 ``plan`` is pure (what exists and the clock in, the actions out); ``reconcile`` reads, applies and reports. Whether
 there is anything to remove once peers are off is read from the condition: a profile that never had peers is not
-read at all (the controller may hold no Secret permission in its namespace, manifests.peer_rbac).
+read at all (the controller may hold no Secret permission in its namespace, nodeclasses/peeraccess.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from nodewarm.api.names import (
 from nodewarm.api.timeutil import fmt_time_s, parse_time
 from nodewarm.api.views import Condition
 from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.nodeclasses import peeraccess
 
 from ..events import EventSpec
 from ..kube import ROLEBINDINGS, ROLES, SECRETS
@@ -253,7 +254,7 @@ def run(mgr: Manager, view: ProfileView | None, profile: str, namespace: str, en
 def forbidden(view: ProfileView | None, profile: str, namespace: str, e: ApiException) -> Step:
     cond = Condition(CONDITION, "False", "Forbidden",
                      f"the controller may not manage the peer key in namespace {namespace} ({e.status} {e.reason}): "
-                     f"apply its Role there (nodewarm.controller.manifests.peer_rbac('{namespace}'))")
+                     f"apply the Role `nodewarm render` emits for it there ({peeraccess.NAME} in {namespace})")
     return Step(cond, events=warning(view, cond))
 
 

@@ -1,0 +1,120 @@
+"""Peers before S3 end to end: two real agents with their nodes' own kubelet identities on the real API server, the
+key minted and bound by the controller's code, the model in the real S3 server behind the fault proxy.
+
+A warm node feeds a new one (S3 sends it no byte of the model), each finds the other from the Node annotations with
+a watch, and a cordoned node stops serving and withdraws its annotation.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from support.bootstrap_fixtures import RunningAgent, model_files, put_model, visible_files
+from support.builders import NO_CACHE, v
+from support.controller_fixtures import wait_for
+from nodewarm import profile
+from nodewarm.api import generation
+from nodewarm.api.names import NODEPOOL_LABEL, PEER_ANNOTATION, PROFILE_LABEL, WARM_CONDITION
+from nodewarm.controller.kube import NODES
+from nodewarm_dev.testenv import ports
+
+pytestmark = [pytest.mark.kube, pytest.mark.s3]
+NAME, POOL = "peers-e2e", "peers-pool"
+
+
+def peer_node(k, fresh_node, name: str, ip: str) -> None:
+    """A node of the profile's pool, Ready, with its GPUs and its InternalIP, as the kubelet reports them."""
+    fresh_node(name, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+               labels={NODEPOOL_LABEL: POOL, PROFILE_LABEL: NAME})
+    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "1"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    k.request("PATCH", NODES.path(name, sub="status"),
+              body={"status": {"conditions": [ready], "capacity": res, "allocatable": res,
+                               "addresses": [{"type": "InternalIP", "address": ip}]}},
+              content_type="application/strategic-merge-patch+json")
+    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
+
+
+def annotation(k, node: str) -> dict | None:
+    raw = (k.get(NODES, node)["metadata"].get("annotations") or {}).get(PEER_ANNOTATION)
+    return json.loads(raw) if raw else None
+
+
+def warm(k, node: str) -> bool:
+    return any(c["type"] == WARM_CONDITION and c["status"] == "True"
+               for c in k.get(NODES, node)["status"].get("conditions") or ())
+
+
+def refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
+def test_a_warm_node_feeds_a_new_one_and_stops_serving_when_cordoned(
+        kube, k, s3, proxy, fresh_node, warmprofile, kubelet_pulls, grant_peer_key, tmp_path):
+    files = model_files(shards=2, mib_per_shard=2)
+    port = ports.free_port()
+    doc = v(metadata__name=NAME, spec__model={"uri": put_model(s3, files)},
+            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__nodes__nodePool=POOL,
+            spec__serving__tensorParallelSize=1, spec__weights={"peers": {"enabled": True, "port": port}})
+    p = profile.from_dict(doc)
+    model = generation.model_key(p)
+    peer_node(k, fresh_node, "node-5", "127.0.0.5")
+    peer_node(k, fresh_node, "node-6", "127.0.0.6")
+    warmprofile(doc)
+    grant_peer_key(p, ["node-5", "node-6"])
+    for node in ("node-5", "node-6"):
+        kubelet_pulls(doc, node)
+
+    first = RunningAgent(kube, tmp_path, "node-5", NAME)
+    second = None
+    try:
+        wait_for(lambda: (annotation(k, "node-5") or {}).get("state") == "warm", 60, what="node-5 warm and serving")
+        a = annotation(k, "node-5")
+        assert a["endpoint"] == f"127.0.0.5:{port}" and a["profile"] == NAME and a["model"] == model
+        assert a["files"] == len(files)
+        # It binds its own address only.
+        assert refused("127.0.0.1", port) and not refused("127.0.0.5", port)
+
+        proxy.reset_counters()
+        second = RunningAgent(kube, tmp_path, "node-6", NAME)
+        wait_for(lambda: warm(k, "node-6"), 60, what="node-6 Warm")
+        result = second.follower.last
+        assert result.warm and result.weights.peers["bytesFromPeers"] == sum(map(len, files.values()))
+        assert result.weights.peers["byPeer"] == {"node-5": sum(map(len, files.values()))}
+        assert proxy.body_bytes == 0  # S3 listed and HEADed (the checksums are S3's), and sent no model byte
+        model_dir = second.mount / "nodewarm" / "models" / NAME / model
+        assert visible_files(model_dir) == files
+        wait_for(lambda: (annotation(k, "node-6") or {}).get("state") == "warm", 30, what="node-6 serving too")
+
+        k.merge_patch(NODES, "node-5", {"spec": {"unschedulable": True}})  # kubectl cordon
+        wait_for(lambda: annotation(k, "node-5") is None, 30, what="node-5's annotation withdrawn")
+        assert refused("127.0.0.5", port)
+        assert not refused("127.0.0.6", port)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_a_taken_port_leaves_the_node_reading_and_its_pull_going(tmp_path):
+    from nodewarm.bootstrap.peering import Peering
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        p = profile.from_dict(v(metadata__name=NAME, spec__weights={"peers": {"enabled": True,
+                                                                              "port": taken.getsockname()[1]}}))
+        peering = Peering(None, "node-7", p)
+        peering.host = "127.0.0.1"
+        peering.begin(tmp_path, "m")  # raises nothing: the pull goes on
+        assert peering.server is None and peering.holdings is not None
+    finally:
+        taken.close()
