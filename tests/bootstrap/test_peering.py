@@ -68,14 +68,18 @@ def test_a_warm_node_feeds_a_new_one_and_stops_serving_when_cordoned(
     peer_node(k, fresh_node, "node-5", "127.0.0.5")
     peer_node(k, fresh_node, "node-6", "127.0.0.6")
     warmprofile(doc)
-    grant_peer_key(p, ["node-5", "node-6"])
     for node in ("node-5", "node-6"):
         kubelet_pulls(doc, node)
 
     first = RunningAgent(kube, tmp_path, "node-5", NAME)
     second = None
     try:
-        wait_for(lambda: (annotation(k, "node-5") or {}).get("state") == "warm", 60, what="node-5 warm and serving")
+        # Before the controller bound it the key, a node warms from S3 and says nothing: every peer's request to it
+        # would be refused.
+        wait_for(lambda: warm(k, "node-5"), 60, what="node-5 Warm without a key")
+        assert annotation(k, "node-5") is None
+        grant_peer_key(p, ["node-5", "node-6"])
+        wait_for(lambda: (annotation(k, "node-5") or {}).get("state") == "warm", 30, what="node-5 announced once keyed")
         a = annotation(k, "node-5")
         assert a["endpoint"] == f"127.0.0.5:{port}" and a["profile"] == NAME and a["model"] == model
         assert a["files"] == len(files)

@@ -55,6 +55,7 @@ class Peering:
         self.holdings: Holdings | None = None
         self.host: str | None = None
         self.model = ""
+        self.state: str | None = None  # what this node last said it is (pulling|warm), once it has a key to say it
         self.withdrawn: str | None = None  # why this node no longer serves (cordoned, draining)
         self._threads: list[threading.Thread] = []
 
@@ -110,11 +111,13 @@ class Peering:
     def failed(self, why: str) -> None:
         """The pull failed: leave the directory, or the others would wait for the parts this node owns (up to
         peerfetch.WAIT_S each) while it retries only minutes later. The next begin() announces it again."""
+        self.state = None
         self._unannounce(f"the pull failed: {why}")
 
     def announce(self, state: str) -> None:
-        if self.server is None or self.withdrawn is not None:
-            return
+        self.state = state
+        if self.server is None or self.withdrawn is not None or self.keys() is None:
+            return  # without the key every peer's request would be refused: it is announced once the key is read
         value = peerdirectory.annotation(self.profile.name, self.host, self.server.address[1], state, self.model,
                                          self.holdings.summary() if self.holdings else {})
         try:
@@ -159,10 +162,12 @@ class Peering:
                         then="no peers until it can be read (the controller binds it to this node)")
             return False
         with self.lock:
-            changed = self._keys != keys
+            first, changed = self._keys is None, self._keys != keys
             self._keys = keys
         if changed:
             log.info("peers.key_read", secret=f"{ns}/{name}")
+        if first and self.state is not None:
+            self.announce(self.state)
         return True
 
     def _refresh_keys(self) -> None:

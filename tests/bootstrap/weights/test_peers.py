@@ -190,3 +190,14 @@ def test_two_warm_peers_share_the_load(model, warm_a, proxy, tmp_path):
     by_peer = summary.peers["byPeer"]
     # The least busy warm peer is asked: neither one carries it all.
     assert set(by_peer) == {"a", "c"} and min(by_peer.values()) >= 0.2 * sum(by_peer.values()), by_peer
+
+
+def test_a_peer_that_refuses_this_nodes_key_is_dropped_and_s3_serves(model, warm_a, proxy, tmp_path):
+    files, uri = model
+    proxy.reset_counters()
+    source = PeerSource("b", lambda: [peer("a", warm_a[0])], lambda: PeerKeys(os.urandom(32)))
+    summary = warm(uri, tmp_path / "b", peers=source)
+    assert summary.ok and visible_files(tmp_path / "b") == files
+    assert summary.peers["dropped"] == {"a": "HTTP 401"} and summary.peers["bytesFromPeers"] == 0
+    assert proxy.body_bytes == sum(map(len, files.values()))
+    assert warm_a[0].stats()["bytes_served"] == 0 and warm_a[0].stats()["refused_auth"] >= 1

@@ -97,7 +97,7 @@ class PeerFailed(Exception):
 
 
 class NotThere(Exception):
-    """The peer answered but cannot give this range now (does not hold it yet, busy, or a key it does not take)."""
+    """The peer answered but cannot give this range now (does not hold it yet, or is busy)."""
 
     def __init__(self, status: int):
         super().__init__(f"HTTP {status}")
@@ -158,8 +158,10 @@ class PeerSource:
                 resp = conn.get(f"http://{peer.host}:{peer.port}{target}", headers)
             except ClientError as e:
                 status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-                if status in (401, 404, 416, 503):
+                if status in (404, 416, 503):
                     raise NotThere(status) from None
+                # 401: it does not take this node's key (it has none yet, or a rotation has not reached one of us):
+                # asking it again in this pull would only delay the parts it owns.
                 raise PeerFailed(f"HTTP {status}") from None
             served = resp.headers.get("content-range", "")
             if not served.startswith(f"bytes {offset}-{offset + length - 1}/") or resp.remaining != length:
