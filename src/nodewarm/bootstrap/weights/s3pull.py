@@ -509,8 +509,12 @@ class _Pull:
                 if due is not None and due <= time.monotonic() and self.tasks.empty():
                     _, _, f, i = heapq.heappop(self.deferred)
                     return f, i
+            if due is not None:
+                wait = max(0.005, due - time.monotonic())
+            else:  # with peers, a part another worker defers meanwhile must not wait for that worker alone
+                wait = None if self.peers is None else peerfetch.RETRY_AFTER_S
             try:
-                return self.tasks.get(timeout=None if due is None else max(0.005, due - time.monotonic()))
+                return self.tasks.get(timeout=wait)
             except queue.Empty:
                 if self.cancelled.is_set():
                     return None
