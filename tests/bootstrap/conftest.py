@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from nodewarm.controller.kube import NODES, WARMPROFILES, Resource
+from nodewarm.controller.kube import NODES, WARMPROFILES
 from nodewarm.kubeapply import apply
 from nodewarm import profile
 from nodewarm.api import prepullpod
@@ -85,24 +85,33 @@ def kubelet_pulls(admin):
 
 
 @pytest.fixture
-def grant_peer_key(k):
+def grant_peer_key(kube, k):
     """grant(profile, nodes): the controller's peer-key reconcile (warmprofile/peerkeys.py: observe, plan, apply) for
-    ``profile`` with ``nodes`` (names), so the agents read the key exactly as the controller mints and binds it; its
-    objects go afterwards, as when peers are turned off."""
+    ``profile`` with ``nodes`` (names), run as the controller's ServiceAccount with exactly the RBAC it ships (its
+    ClusterRole and the Role `nodewarm render` emits in the bootstrap namespace), so the agents read the key as the
+    controller mints and binds it; its objects go afterwards, as when peers are turned off."""
     import time
     from types import SimpleNamespace
 
+    from nodewarm.controller import manifests
+    from nodewarm.controller.kube import Kube
     from nodewarm.controller.warmprofile import peerkeys
+    from nodewarm.nodeclasses import peeraccess
+    from nodewarm.userdata import daemonset
+    from support.controller_fixtures import uniq
+    from support.rbac import apply_replacing
 
-    mgr, granted = SimpleNamespace(kube=k), []
+    ctl, granted, as_controller = uniq("nodewarm"), [], {}
 
     def reconcile(p, nodes, enabled=True):
         ns = p.bootstrap.namespace
-        try:
-            k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        if ns not in as_controller:  # what an install and `nodewarm render | kubectl apply` put in place
+            apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ctl}},
+                                daemonset.namespace_doc(ns), *manifests.rbac(ctl),
+                                *peeraccess.controller_rbac(ns, ctl)])
+            as_controller[ns] = SimpleNamespace(kube=Kube(kube.api_client(kube.service_account_token(
+                ctl, manifests.NAME))))
+        mgr = as_controller[ns]
         uids = [peerkeys.Node(n, k.get(NODES, n)["metadata"]["uid"]) for n in nodes]
         todo = peerkeys.plan(p.name, ns, enabled, p.weights.peers.key_rotation_s, uids,
                              peerkeys.observe(mgr, p.name, ns), time.time())
