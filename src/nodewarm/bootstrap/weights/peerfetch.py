@@ -181,6 +181,11 @@ class PeerSource:
             with self.lock:
                 self.inflight[peer.node] -= 1
 
+    def from_s3(self) -> None:
+        """One part the pull takes from S3 (no peer could give it)."""
+        with self.lock:
+            self.s3_parts += 1
+
     def discarded(self, nbytes: int) -> None:
         with self.lock:
             self.bytes_discarded += nbytes

@@ -275,6 +275,23 @@ class _File:
         self.journal.close()
 
 
+class _Landing:
+    """One part's bytes as they arrive, from S3 or a peer: written in place, hashed, counted; undone on failure."""
+
+    def __init__(self, pull: "_Pull", f: _File, offset: int):
+        self.pull, self.f, self.offset = pull, f, offset
+        self.hash, self.got = f.new_part_hash(), 0
+
+    def __call__(self, chunk: memoryview, before: int) -> None:
+        self.pull._write(self.f, chunk, self.offset + before)
+        self.hash.update(chunk)
+        self.got += len(chunk)
+        self.pull.progress.add(len(chunk))
+
+    def undo(self) -> None:
+        self.pull.progress.add(-self.got)
+
+
 _sync_file_range = getattr(ctypes.CDLL(None), "sync_file_range", None)
 _SYNC_FILE_RANGE_WRITE = 2
 
@@ -380,7 +397,7 @@ class _Pull:
         cfg = self.cfg
 
         def attempt() -> bytes:
-            got = 0
+            landing = _Landing(self, f, off)
             try:
                 url = self._url(f.obj)
                 self.progress.request_sent()
@@ -395,21 +412,12 @@ class _Pull:
                     raise S3Unavailable(f"s3://{self.bucket}/{f.obj.key}: asked for bytes {off}-{off + length - 1}, "
                                         f"the server sent {served!r} ({resp.remaining} bytes); it does not honour "
                                         "Range requests")
-                h = f.new_part_hash()
-
-                def land(chunk: memoryview, before: int) -> None:
-                    nonlocal got
-                    self._write(f, chunk, off + before)
-                    h.update(chunk)
-                    got += len(chunk)
-                    self.progress.add(len(chunk))
-
-                rangeget.read_body(resp, buf, length, land, self.cancelled,
+                rangeget.read_body(resp, buf, length, landing, self.cancelled,
                                    (cfg.low_speed_limit_bps, cfg.low_speed_time_s), cfg.request_timeout_s)
-                return h.digest()
+                return landing.hash.digest()
             except BaseException:
                 conn.close()  # mid-body: the connection's position in the stream is unknown
-                self.progress.add(-got)  # those bytes are fetched again
+                landing.undo()  # those bytes are fetched again
                 raise
 
         return call_with_retries(attempt, what, cfg.retry, self.cancelled)
@@ -428,20 +436,12 @@ class _Pull:
                     return None
                 if choice.source == "s3":
                     break
-                peer = choice.peer
-                h, got = f.new_part_hash(), [0]
-
-                def land(chunk: memoryview, before: int) -> None:
-                    self._write(f, chunk, off + before)
-                    h.update(chunk)
-                    got[0] += len(chunk)
-                    self.progress.add(len(chunk))
-
+                peer, landing = choice.peer, _Landing(self, f, off)
                 try:
                     self.peers.fetch(peer_conns.for_peer(peer), peer, f.obj.rel_path, f.obj.etag, off, length, buf,
-                                     land, self.cancelled)
+                                     landing, self.cancelled)
                 except BaseException as e:
-                    self.progress.add(-got[0])  # not kept: those bytes come again
+                    landing.undo()  # not kept: those bytes come again
                     if isinstance(e, peerfetch.PeerFailed):
                         self.peers.drop(peer.node, str(e))
                     elif not isinstance(e, peerfetch.NotThere):
@@ -450,9 +450,8 @@ class _Pull:
                     continue
                 with f.lock:
                     f.from_peer[i] = peer.node
-                return h.digest()
-            with self.peers.lock:
-                self.peers.s3_parts += 1
+                return landing.hash.digest()
+            self.peers.from_s3()
         return self._get_part(f, i, conn, buf)
 
     def _write(self, f: _File, data: memoryview, offset: int) -> None:
