@@ -40,6 +40,9 @@ log = logs.get("bootstrap.peering")
 KEY_REFRESH_S = 60.0
 # While no key could be read (the controller has not bound this node yet): ask again this often.
 KEY_RETRY_S = 2.0
+# How long start() waits for the first list of the profile's Nodes: a pull that began before it would take from S3
+# what the warm nodes already hold. One list answers in milliseconds; an API server that does not is not waited for.
+DIRECTORY_WAIT_S = 5.0
 
 
 class Peering:
@@ -49,6 +52,7 @@ class Peering:
         self._done = threading.Event()  # close() was called: the agent is stopping
         self.lock = threading.Lock()
         self._nodes: dict[str, dict] = {}  # the profile's Nodes as last seen
+        self._listed = threading.Event()   # the first list is in
         self._keys: PeerKeys | None = None
         self._peers: dict[str, Peer] = {}
         self.server: PeerServer | None = None
@@ -82,6 +86,8 @@ class Peering:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        if not self._listed.wait(DIRECTORY_WAIT_S):
+            log.warning("peers.directory_late", waited_s=DIRECTORY_WAIT_S, then="pulling; peers join as the list comes")
         return self
 
     def begin(self, dest: Path, model: str) -> None:
@@ -192,6 +198,7 @@ class Peering:
             if peers.keys() != self._peers.keys():
                 log.info("peers.directory", peers=sorted(peers), model=model)
             self._peers = peers
+        self._listed.set()
 
     def _follow_nodes(self) -> None:
         query = [("labelSelector", f"{PROFILE_LABEL}={self.profile.name}")]
