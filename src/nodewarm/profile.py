@@ -26,7 +26,7 @@ from .api.errors import ProfileError
 from .api.schema import strict_schema
 from .api.servingspec import checked_extra_args, serving_spec
 from .api.warmprofile import (
-    Aws, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, EngineCheck, Injection, Model, NodeLimits, Nodes,
+    Aws, Background, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, EngineCheck, ExtraModel, Injection, Model, NodeLimits, Nodes,
     Peers, Publisher, DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, Weights, engine_check_image,
     parse_duration_s,
 )
@@ -214,6 +214,12 @@ def from_dict(doc: dict) -> WarmProfile:
         injection=Injection(mode=s.get("injection", {}).get("mode", default("injection.mode")),
                             on_live=s.get("injection", {}).get("onLive", default("injection.onLive"))),
         raw=doc,
+        models=tuple(ExtraModel(name=e["name"], model=Model(uri=e["uri"], size_gb=e.get("sizeGB"),
+                                                             revision=e.get("revision", "")),
+                                priority=e.get("priority", default("models.priority")),
+                                required=e.get("required", default("models.required")),
+                                replicas=e.get("replicas", default("models.replicas")))
+                     for e in s.get("models", ())),
     )
 
 
@@ -224,7 +230,10 @@ def _weights(w: dict) -> Weights:
         port=p.get("port", default("weights.peers.port")),
         max_connections=p.get("maxConnections", default("weights.peers.maxConnections")),
         max_mbps=p.get("maxMBps", default("weights.peers.maxMBps")),
-        key_rotation=p.get("keyRotation", default("weights.peers.keyRotation"))))
+        key_rotation=p.get("keyRotation", default("weights.peers.keyRotation"))),
+        background=Background(
+            max_mbps=w.get("background", {}).get("maxMBps", default("weights.background.maxMBps")),
+            concurrency=w.get("background", {}).get("concurrency", default("weights.background.concurrency"))))
 
 
 # Taint keys owned by Kubernetes, Karpenter or the GPU stack: a startup taint under one of them would be

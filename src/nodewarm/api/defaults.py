@@ -14,10 +14,11 @@ from .schema import profile_schema
 @cache
 def default(path: str):
     """The schema's default at a dotted path under ``spec`` ("readiness.deadline" -> "20m"). A path without one is a
-    programming error, raised at once."""
+    programming error, raised at once. A list's items are stepped into ("models.priority")."""
     node = profile_schema()["properties"]["spec"]
     for part in path.split("."):
         node = node["properties"][part]
+        node = node.get("items", node)   # "models.priority": a field of each item of spec.models
     if "default" not in node:
         raise KeyError(f"the WarmProfile schema declares no default for spec.{path}")
     return node["default"]

@@ -29,6 +29,12 @@ GPUS_ANNOTATION = "nodewarm.io/gpus"
 # LiveProgress) and read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"
 
+# Many models per node (nodewarm/api/models.py, docs/models.md). The node agent reports every model it holds or
+# pulls in MODELS_ANNOTATION (JSON, api.models.HeldModel); the controller alone turns it into one label per further
+# model, MODEL_LABEL_PREFIX + "<profile>-<name>" = the generation held verified, which that model's Deployment requires.
+MODELS_ANNOTATION = "nodewarm.io/models"
+MODEL_LABEL_PREFIX = "models.nodewarm.io/"
+
 # Written by the controller on a Node: its record of the node's lifecycle (views.WarmState), and the label
 # of the generation the node serves (set as it lifts the taint; the vLLM pods select it, nodewarm/api/generation.py).
 STATE_ANNOTATION = "nodewarm.io/state"

@@ -52,8 +52,26 @@ class Peers:
 
 
 @dataclass(frozen=True)
+class Background:
+    """spec.weights.background: how a model not required is pulled while the node serves (docs/models.md)."""
+    max_mbps: float
+    concurrency: int
+
+
+@dataclass(frozen=True)
 class Weights:
     peers: Peers
+    background: Background
+
+
+@dataclass(frozen=True)
+class ExtraModel:
+    """One entry of spec.models: a further model for the profile's nodes (api/models.py makes its view)."""
+    name: str
+    model: Model
+    priority: int
+    required: bool
+    replicas: int
 
 
 @dataclass(frozen=True)
@@ -215,6 +233,9 @@ class WarmProfile:
     injection: Injection
     aws: Aws
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    models: tuple[ExtraModel, ...] = ()     # spec.models; spec.model is the first model
+    # Set on a model's view (api/models.py: the profile as one of its spec.models sees it): the profile's name.
+    parent: str | None = None
 
     @property
     def size_gb(self) -> float:
