@@ -17,7 +17,8 @@ import pytest
 
 from nodewarm.bootstrap.weights.manifest import RemoteObject
 from nodewarm.bootstrap.weights.peerauth import PeerKeys, sign
-from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer, TokenBucket, object_path
+from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer, object_path
+from nodewarm.bootstrap.weights.throttle import TokenBucket
 from nodewarm.bootstrap.weights.partial import partial_paths
 
 KEYS = PeerKeys(os.urandom(32))

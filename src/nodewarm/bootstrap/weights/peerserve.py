@@ -41,6 +41,7 @@ from . import peerauth
 from .manifest import RemoteObject, local_rel_path
 from .partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
 from .peerauth import PeerAuthFailed, PeerKeys
+from .throttle import TokenBucket
 
 log = logs.get("bootstrap.weights.peers")
 
@@ -95,33 +96,6 @@ class Holdings:
     def summary(self) -> dict:
         with self._lock:
             return {"files": len(self._verified), "bytes": sum(self._objects[r].size for r in self._verified)}
-
-
-class TokenBucket:
-    """At most ``rate`` bytes a second over every caller together, up to one second's worth at once.
-
-    ``take`` reserves its bytes at once, going into debt, and sleeps off its share of that debt: callers are served
-    in the order they asked, whatever their sizes. ``clock`` and ``sleep`` are given so that the arithmetic is
-    tested with a fake clock; ``sleep(s)`` returns True when the wait was cut short (``threading.Event.wait``).
-    """
-
-    def __init__(self, rate: float, clock: Callable[[], float], sleep: Callable[[float], bool]):
-        if not rate > 0:
-            raise ValueError(f"a bandwidth cap of {rate} bytes/s would never send anything")
-        self.rate = float(rate)
-        self._clock, self._sleep = clock, sleep
-        self._lock = threading.Lock()
-        self._tokens = self.rate
-        self._last = clock()
-
-    def take(self, n: int) -> bool:
-        """Wait until ``n`` more bytes may be sent; False when the wait was cut short."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate) - n
-            self._last = now
-            wait = -self._tokens / self.rate
-        return wait <= 0 or not self._sleep(wait)
 
 
 class _NotHeld(Exception):

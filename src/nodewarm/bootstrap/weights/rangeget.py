@@ -99,7 +99,8 @@ def read_body(resp: Response, buf: memoryview, length: int, on_chunk: Callable[[
     """Hand ``length`` body bytes to ``on_chunk(chunk, bytes_before_it)`` a buffer at a time.
 
     Raises Retryable when the body comes slower than ``low_speed`` = (bytes/s, over seconds), like the streamer's
-    S3_LOW_SPEED_LIMIT, or takes longer than ``limit_s`` in all; Cancelled as soon as ``cancelled`` is set."""
+    S3_LOW_SPEED_LIMIT, or takes longer than ``limit_s`` in all, time spent in ``on_chunk`` not counted;
+    Cancelled as soon as ``cancelled`` is set."""
     bps, window_s = low_speed
     got = 0
     start = mark_t = time.monotonic()
@@ -109,9 +110,12 @@ def read_body(resp: Response, buf: memoryview, length: int, on_chunk: Callable[[
             raise Cancelled()
         deadline = mark_t + window_s if limit_s is None else min(start + limit_s, mark_t + window_s)
         n = resp.fill(buf, deadline)
+        handed = time.monotonic()
         on_chunk(buf[:n], got)
         got += n
         now = time.monotonic()
+        # Time in on_chunk (our disk write, the pull's own bandwidth cap) is not the server being slow.
+        start, mark_t = start + now - handed, mark_t + now - handed
         if limit_s is not None and now - start > limit_s:
             raise Retryable(f"part took longer than {limit_s}s")
         if now - mark_t >= window_s:

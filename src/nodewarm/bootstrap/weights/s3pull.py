@@ -43,7 +43,7 @@ from nodewarm.api.errors import NodewarmError
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, S3Unavailable, call_with_retries
-from . import peerfetch, rangeget
+from . import peerfetch, rangeget, throttle
 from .manifest import RemoteObject
 from .partial import parse_journal, partial_paths
 from .progress import Progress
@@ -75,6 +75,10 @@ class PullConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     verify_workers: int = 4
     verify_attempts: int = 3  # downloads of one file whose bytes fail verification, before giving up
+    # A pull while the node serves (spec.weights.background): bytes/s over all its connections together (S3 and
+    # peers), and the CPU nice (with the idle I/O class) of its threads; see throttle.py.
+    max_bps: float | None = None
+    nice: int = 0
 
 
 def default_config(total_bytes: int, largest_bytes: int, cpus: int, **overrides) -> PullConfig:
@@ -287,6 +291,9 @@ class _Landing:
         self.hash.update(chunk)
         self.got += len(chunk)
         self.pull.progress.add(len(chunk))
+        # Not reading the socket meanwhile is the cap: TCP flow control holds the sender back.
+        if self.pull.throttle is not None and not self.pull.throttle.take(len(chunk)):
+            raise Cancelled()
 
     def undo(self) -> None:
         self.pull.progress.add(-self.got)
@@ -313,6 +320,8 @@ class _Pull:
         self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
         self.progress, self.on_file = progress, on_file
         self.cancelled = threading.Event()
+        self.throttle = (throttle.TokenBucket(config.max_bps, time.monotonic, self.cancelled.wait)
+                         if config.max_bps is not None else None)
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.all_done = threading.Event()
@@ -463,6 +472,7 @@ class _Pull:
             raise write_error(e, f.temp) from e
 
     def _worker(self, verifier: ThreadPoolExecutor) -> None:
+        throttle.lower_thread_priority(self.cfg.nice)
         conn, peer_conns = _Conn(self.cfg, self.ssl_context), peerfetch.PeerConnections()
         buf = memoryview(bytearray(READ_CHUNK))
         try:
@@ -582,7 +592,8 @@ class _Pull:
             self.fail(e)
 
     def run(self, objects: Iterable[RemoteObject]) -> None:
-        verifier = ThreadPoolExecutor(max_workers=self.cfg.verify_workers, thread_name_prefix="verify")
+        verifier = ThreadPoolExecutor(max_workers=self.cfg.verify_workers, thread_name_prefix="verify",
+                                      initializer=throttle.lower_thread_priority, initargs=(self.cfg.nice,))
         threads = [threading.Thread(target=self._worker, args=(verifier,), name=f"s3get-{n}", daemon=True)
                    for n in range(self.cfg.concurrency)]
         try:
