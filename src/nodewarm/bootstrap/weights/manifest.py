@@ -25,6 +25,8 @@ from ..s3client import S3Uri
 log = logs.get("bootstrap.weights")
 
 MANIFEST_VERSION = 1
+STATE_DIR = ".nodewarm"  # nodewarm's own folder inside each model's folder
+MANIFEST_FILE = "manifest.json"  # in STATE_DIR
 
 # With safetensors present these are redundant copies of the same weights that vLLM never reads.
 REDUNDANT_WEIGHT_FORMATS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.gguf")
@@ -177,6 +179,41 @@ def likely_unchanged(listed_key: str, size: int, etag: str, rel: str, local: Loc
             and on_disk.get(rel) == (entry.size, entry.mtime_ns))
 
 
+LINKED = "linked:"  # verified_by of a file hard-linked from another model's folder: "linked:<how that was verified>"
+# verify.py's label for a file S3 gave nothing to check against: here, as this module also judges it.
+UNVERIFIED = "unverified-sha256"
+_MD5_HEX = frozenset("0123456789abcdef")
+
+
+def original_method(verified_by: str) -> str:
+    """How a file's bytes were verified against S3 when they were downloaded, through any number of links."""
+    return verified_by.removeprefix(LINKED) if verified_by.startswith(LINKED) else verified_by
+
+
+def may_link_from(entry: LocalEntry, on_disk: tuple[int, int] | None) -> bool:
+    """A file of another model's folder may give its bytes: verified against S3 (not only its SHA-256 recorded)
+    and untouched on disk since (``on_disk``: (size, mtime_ns) now, None when absent or not a plain file)."""
+    return original_method(entry.verified_by) != UNVERIFIED and on_disk == (entry.size, entry.mtime_ns)
+
+
+def same_content(entry: LocalEntry, obj: RemoteObject) -> bool:
+    """The verified file of ``entry`` holds ``obj``'s bytes, by S3's own evidence, never by name. Pure.
+
+    Same size, and: the same additional checksum (algorithm and value) when both have one of one algorithm, the
+    file having been verified by it; else the same single-part, unencrypted ETag, which is the MD5 of the bytes (a
+    "-N" ETag depends on the upload's part layout, an SSE-KMS/SSE-C one is no digest of the bytes at all).
+    """
+    if entry.size != obj.size:
+        return False
+    method = original_method(entry.verified_by)
+    if method.startswith("checksum-") and entry.checksum and obj.checksum and obj.checksum_algorithm:
+        if method.split("-")[1] == obj.checksum_algorithm.lower():
+            return entry.checksum == obj.checksum
+    etag = obj.etag.lower()
+    return (not obj.encrypted_etag and len(etag) == 32 and set(etag) <= _MD5_HEX
+            and entry.etag.lower() == etag)
+
+
 def local_rel_path(rel: str) -> str:
     """``rel`` when it may name a file of the model under DEST, else raise UnsafePath. Pure."""
     check_rel(rel, "manifest path")
@@ -185,23 +222,33 @@ def local_rel_path(rel: str) -> str:
     return rel
 
 
-def load_local(path: Path, uri: str) -> LocalManifest:
-    """The manifest of an earlier run into the same DEST; empty when absent or unreadable. For another
-    URI its files become ``previous`` (to remove). Entries whose path is not a plain relative path inside
-    DEST are dropped (logged): nothing outside DEST is ever unlinked on a manifest's word."""
+def read_local(path: Path) -> tuple[str | None, dict[str, LocalEntry]] | None:
+    """The URI and entries of a manifest on disk, whatever its URI; None when absent or unreadable.
+    Entries whose path is not a plain relative path inside its folder are dropped (logged): nothing outside it is
+    ever unlinked or linked on a manifest's word."""
     try:
         doc = json.loads(path.read_text())
         if doc.get("version") != MANIFEST_VERSION:
-            return LocalManifest(uri)
+            return None
         entries = {}
         for e in doc["files"]:
             try:
                 entries[local_rel_path(e["rel_path"])] = LocalEntry(**e)
             except UnsafePath as bad:
                 log.warning("weights.manifest.unsafe_entry", manifest=str(path), error=str(bad))
+        return doc.get("uri"), entries
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def load_local(path: Path, uri: str) -> LocalManifest:
+    """The manifest of an earlier run into the same DEST; empty when absent or unreadable. For another
+    URI its files become ``previous`` (to remove)."""
+    read = read_local(path)
+    if read is None:
         return LocalManifest(uri)
-    if doc.get("uri") != uri:
+    found, entries = read
+    if found != uri:
         # Removed before this manifest is saved for the new URI: a crash in between finds the old one again.
         return LocalManifest(uri, previous=tuple(sorted(entries)))
     return LocalManifest(uri, entries)

@@ -28,7 +28,9 @@ from nodewarm.api.errors import NodewarmError
 from .. import confined, s3client
 from ..localwrite import write_error
 from . import capacity, listing, manifest, mounts, partial, s3pull
+from .linking import Linker
 from .loadcheck import LoadCheck, LoadCheckFailed, StreamerTuning, check_header, check_loadable
+from .manifest import MANIFEST_FILE, STATE_DIR
 from .verify import UNVERIFIED
 from .progress import Progress
 
@@ -38,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logs.get("bootstrap.weights")
 
-STATE_DIR = ".nodewarm"
-MANIFEST_FILE = "manifest.json"
 SUMMARY_FILE = "summary.json"
 MANIFEST_SAVE_S = 2.0  # how often the manifest is rewritten while files land (see _download)
 
@@ -64,6 +64,9 @@ class WeightsConfig:
     # Peers before S3 (bootstrap/peering.py): where parts may come from, and what this node serves to peers.
     peers: "PeerSource | None" = field(default=None, compare=False)
     holdings: "Holdings | None" = field(default=None, compare=False)
+    # Folders of other models this node holds (on DEST's filesystem): a file of theirs verified with the same bytes
+    # as an object to fetch is hard-linked instead (linking.py).
+    link_from: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -78,6 +81,8 @@ class WeightsSummary:
     downloaded_files: int = 0
     downloaded_bytes: int = 0  # object bytes transferred by this run (resumed parts not counted)
     skipped: int = 0  # unchanged since an earlier run: not transferred
+    linked_files: int = 0  # the same bytes held verified in another model's folder: hard-linked, not transferred
+    linked_bytes: int = 0
     changed: int = 0  # same key, new ETag/VersionId/checksum: transferred again
     removed: int = 0  # gone from S3, or files of a previous model URI: deleted locally
     unverified: int = 0  # no S3 checksum or MD5 ETag to check against: SHA-256 recorded, not verified
@@ -168,7 +173,8 @@ def warm_weights(cfg: WeightsConfig) -> WeightsSummary:
             raise write_error(e, e.filename or dest) from e
         summary.ok, summary.reason = True, "WeightsReady"
         summary.message = (f"{summary.files} files, {summary.bytes / 1e9:.2f} GB in {dest} "
-                           f"({summary.downloaded_files} downloaded, {summary.skipped} unchanged)")
+                           f"({summary.downloaded_files} downloaded, {summary.linked_files} linked from other "
+                           f"models, {summary.skipped} unchanged)")
         if summary.unverified:
             summary.message += (f"; {summary.unverified} file(s) had no S3 checksum or MD5 ETag: SHA-256 "
                                 "recorded, NOT verified against S3 (upload them with a checksum algorithm)")
@@ -245,19 +251,23 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             # object (manifest.plan: VersionId and checksum too) while the pull already runs.
             likely = [o for o in listed if not manifest.likely_unchanged(o.key, o.size, o.etag, rels[o.key], local, on_disk)]
             _discard_stale_partials(dest, {rels[o.key] for o in likely})
+            linker = Linker(dest, cfg.link_from)
+            # Linked files take no space and no transfer: neither the capacity check nor the pull's sizing counts them.
+            download = [o for o in likely if not linker.likely(o.size, o.etag)]
         summary.removed = len(remove)
 
         with phase("capacity"):
             # Preallocated partials from an interrupted run already hold their space.
-            held = sum(_allocated(partial.partial_paths(dest, rels[o.key])[0]) for o in likely)
-            need = max(0, sum(o.size for o in likely) - held)
-            if likely:
+            held = sum(_allocated(partial.partial_paths(dest, rels[o.key])[0]) for o in download)
+            need = max(0, sum(o.size for o in download) - held)
+            if download:
                 capacity.check_fits(capacity.free_space(str(dest)), need, cfg.headroom)
 
-        pull_cfg = s3pull.default_config(sum(o.size for o in likely), max((o.size for o in likely), default=0),
+        pull_cfg = s3pull.default_config(sum(o.size for o in download), max((o.size for o in download), default=0),
                                          os.cpu_count() or 1, **cfg.pull_overrides)
         summary.pull = {"concurrency": pull_cfg.concurrency, "part_size": pull_cfg.part_size}
-        decided = _Decisions(local, on_disk)
+        entries_lock = threading.Lock()  # local.entries: written as files are linked and as they land
+        decided = _Decisions(local, on_disk, linker, entries_lock)
         checker = _LoadChecker(dest, cfg.streamer) if cfg.load_check else None
         try:
             objects = listing.heads(client, uri, [o.key for o in listed], base.retry,
@@ -266,15 +276,17 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
             on_keep = _both(checker.submit_one if checker else None,
                             cfg.holdings.mark_verified if cfg.holdings is not None else None)
             with phase("download"):
-                _download(client, uri, dest, state, decided.fetching(objects, on_keep), sum(o.size for o in likely),
-                          local, pull_cfg, summary, cfg.progress_interval_s,
+                _download(client, uri, dest, state, decided.fetching(objects, on_keep), sum(o.size for o in download),
+                          local, entries_lock, pull_cfg, summary, cfg.progress_interval_s,
                           on_ready=_both(checker.submit_one if checker else None,
                                          cfg.holdings.mark_verified if cfg.holdings is not None else None),
                           stop=cfg.stop, peers=cfg.peers)
             fetch = decided.fetch
             summary.skipped, summary.changed = len(decided.keep), sum(1 for f in fetch if f.why == "changed")
+            summary.linked_files, summary.linked_bytes = len(decided.linked), sum(o.size for o in decided.linked)
             log.info("weights.plan", fetch=len(fetch), fetch_bytes=sum(f.obj.size for f in fetch),
-                     unchanged=len(decided.keep), changed=summary.changed, removed=len(remove),
+                     unchanged=len(decided.keep), linked=summary.linked_files, linked_bytes=summary.linked_bytes,
+                     changed=summary.changed, removed=len(remove),
                      why=dict(Counter(f.why for f in fetch)))
             download_s = summary.phases["download"]
             if summary.downloaded_bytes and download_s > 0:
@@ -303,18 +315,28 @@ def _both(*calls):
 
 
 class _Decisions:
-    """Each object's plan (keep or fetch, and why) as its HEAD arrives."""
+    """Each object's plan (keep, link from another model's folder, or fetch and why) as its HEAD arrives."""
 
-    def __init__(self, local: manifest.LocalManifest, on_disk: dict[str, tuple[int, int]]):
-        self.local, self.on_disk = local, on_disk
+    def __init__(self, local: manifest.LocalManifest, on_disk: dict[str, tuple[int, int]], linker: Linker,
+                 entries_lock: threading.Lock):
+        self.local, self.on_disk, self.linker, self.entries_lock = local, on_disk, linker, entries_lock
         self.fetch: list[manifest.Fetch] = []
         self.keep: list[manifest.RemoteObject] = []
+        self.linked: list[manifest.RemoteObject] = []
 
     def fetching(self, objects: Iterator[manifest.RemoteObject], on_keep=None) -> Iterator[manifest.RemoteObject]:
         try:
             for obj in objects:
                 plan = manifest.plan([obj], self.local, self.on_disk)
-                if plan.fetch:
+                linked = self.linker.link(obj) if plan.fetch else None
+                if linked is not None:
+                    with self.entries_lock:
+                        self.local.entries[obj.rel_path] = linked
+                    self.linked.append(obj)
+                    log.info("weights.file_linked", file=obj.rel_path, bytes=obj.size, verified_by=linked.verified_by)
+                    if on_keep is not None:
+                        on_keep(obj.rel_path)
+                elif plan.fetch:
                     self.fetch.append(plan.fetch[0])
                     yield obj
                 else:
@@ -389,10 +411,9 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
 
 
 def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Iterator[manifest.RemoteObject],
-              expected_bytes: int, local: manifest.LocalManifest, pull_cfg: s3pull.PullConfig,
+              expected_bytes: int, local: manifest.LocalManifest, lock: threading.Lock, pull_cfg: s3pull.PullConfig,
               summary: WeightsSummary, interval_s: float, on_ready=None,
               stop: threading.Event | None = None, peers=None) -> None:
-    lock = threading.Lock()
     verified: Counter = Counter()
     saved_at = [time.monotonic()]
 

@@ -22,7 +22,7 @@ from awscrt import checksums
 
 from nodewarm.api.errors import NodewarmError
 
-from .manifest import RemoteObject
+from .manifest import UNVERIFIED, RemoteObject
 
 MiB = 1024 * 1024
 READ_CHUNK = 8 * MiB
@@ -30,7 +30,6 @@ CRC_SEGMENT = 64 * MiB
 # Upload parts up to this size are fetched one ranged GET each, so each part's checksum (or MD5) comes
 # out of the download itself; larger parts would leave too few GETs to keep a big file's pull parallel.
 MAX_ALIGNED_PART = 64 * MiB
-UNVERIFIED = "unverified-sha256"
 
 
 class VerifyFailed(NodewarmError):
