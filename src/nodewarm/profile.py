@@ -20,7 +20,7 @@ import jsonschema
 import yaml
 
 from . import instancetypes, sizing
-from .api import defaults
+from .api import defaults, models
 from .api.defaults import default
 from .api.errors import ProfileError
 from .api.schema import strict_schema
@@ -398,6 +398,56 @@ def check_peers(p: WarmProfile) -> None:
                            "turn peers off for Auto Mode or Bottlerocket nodes")
 
 
+# Kubernetes' limit on a Service name (a DNS label): a model's Service is <profile>-<name>-vllm (nodeclasses/vllm.py).
+SERVICE_NAME_MAX = 63
+
+
+def check_models(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
+    """spec.models: names and folders of their own, Service names Kubernetes accepts, and the required models
+    (spec.model plus each required one) together on the NVMe of every allowed type, as the taint waits for all."""
+    seen_names: set[str] = set()
+    folders = {(p.model.uri, p.model.revision): "spec.model"}
+    for i, e in enumerate(p.models):
+        where = f"spec.models[{i}]"
+        if e.name in seen_names:
+            raise ProfileError(f"{where}.name", e.name, "another model of spec.models has this name (its Deployment, "
+                               "Service, Node label and folder would be the same): give each model its own name")
+        seen_names.add(e.name)
+        folder = (e.model.uri, e.model.revision)
+        if folder in folders:
+            raise ProfileError(f"{where}.uri", e.model.uri,
+                               f"claims the same model folder as {folders[folder]} (same uri and revision "
+                               f"{e.model.revision!r}): the weights would be pulled and held twice; remove one, or "
+                               "set a different revision if they really differ")
+        folders[folder] = where
+        service = f"{models.view_name(p.name, e.name)}-vllm"
+        if len(service) > SERVICE_NAME_MAX:
+            raise ProfileError(f"{where}.name", e.name,
+                               f"its Service {service} is {len(service)} characters, over Kubernetes' "
+                               f"{SERVICE_NAME_MAX}: shorten it to at most "
+                               f"{SERVICE_NAME_MAX - len(service) + len(e.name)} characters (or the profile's name)")
+        if e.required and e.model.size_gb is None:
+            raise ProfileError(f"{where}.sizeGB", None, "a required model must fit the NVMe beside spec.model "
+                               "before the node serves: set its size in GB, or make it not required")
+    if p.model.size_gb is None:
+        return
+    smallest = min(p.nodes.instance_types, key=lambda t: types[t].nvme_gb)
+    nvme = types[smallest].nvme_gb
+    total, parts = p.model.size_gb, [f"spec.model {p.model.size_gb:g} GB"]
+    for i, e in enumerate(p.models):
+        if not e.required:
+            continue
+        total += e.model.size_gb
+        parts.append(f"spec.models[{i}] {e.model.size_gb:g} GB")
+        need = sizing.required_nvme_gb(total)
+        if need > nvme:
+            raise ProfileError(f"spec.models[{i}].required", True,
+                               f"the required models ({' + '.join(parts)} = {total:g} GB) plus "
+                               f"{sizing.headroom_gb(total):.0f} GB headroom need {need:.0f} GB, but {smallest} has "
+                               f"{nvme} GB of NVMe; make this model not required (it then warms after the taint is "
+                               "lifted, and may be evicted), or pick larger instance types")
+
+
 def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """Semantic checks against the allowed instance types. ``types`` comes from instancetypes.lookup."""
     n = p.nodes
@@ -470,6 +520,7 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
             raise ProfileError("spec.nodes.ephemeralStorageSize", n.ephemeral_storage_size,
                                f"must be at least the model plus headroom "
                                f"({sizing.required_nvme_gb(p.model.size_gb):.0f}G)")
+    check_models(p, types)
 
 
 def load(path: str | Path) -> WarmProfile:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from nodewarm import instancetypes, profile
+from nodewarm.api import models
 from nodewarm.api.errors import NodewarmError, ProfileError
 from nodewarm.api.names import CONTROLLER_NAMESPACE
 from nodewarm.api.warmprofile import WarmProfile
@@ -46,6 +47,10 @@ every live NodeClaim the apply would drift and why: the hash Karpenter stamped o
 once the rendered fields land (NodePoolDrifted, NodeClassDrift), and the pool's requirements against its labels
 (RequirementsDrifted). Karpenter replaces drifted nodes within the pool's disruption budgets. The controller's
 WouldDrift guard gives the same answer (one function, nodeclasses/driftpreview.py).
+
+Other profiles of the cluster (--also FILE, repeatable; checked, not rendered): two profiles may not claim the
+same model (/models/<name>, its Service and Node label; <profile>-<name> for each of spec.models) or the same
+NodePool; the later file's field is named. Many models on one pool's nodes go in one profile's spec.models.
 
 Schema check: every NodePool and EC2NodeClass rendered is checked strictly against Karpenter's v1 CRDs as
 nodewarm models them (from Karpenter's Go types: the enums, patterns and defaults of the fields nodewarm writes);
@@ -92,6 +97,37 @@ def load_checked(path: str, source: str = "offline", measure: bool = False) -> t
     return p, types
 
 
+def _claims(p: WarmProfile) -> dict[str, tuple[str, str]]:
+    """The model names a profile claims, each with the field and value that set it: the first model's is the
+    profile's own (metadata.name), each of spec.models has its view's (nodewarm.api.models); a /models/<name>
+    folder, a Service and a Node label go with each."""
+    out = {p.name: ("metadata.name", p.name)}
+    for i, e in enumerate(p.models):
+        out[models.view_name(p.name, e.name)] = (f"spec.models[{i}].name", e.name)
+    return out
+
+
+def check_claims(profiles: list[tuple[str, WarmProfile]]) -> None:
+    """Profiles of one cluster, as (file, profile) in command-line order, must not claim the same model name or
+    the same NodePool (a pool's nodes warm one profile's models); the later one of a clashing pair is named. A
+    profile given again under its own name is a copy of the same profile (the cluster's, beside the file being
+    rendered): it clashes with nothing of its own."""
+    names: dict[str, str] = {}
+    pools: dict[str, str] = {}
+    for path, p in profiles:
+        for name, (field, value) in _claims(p).items():
+            owner = names.setdefault(name, p.name)
+            if owner != p.name:
+                raise ProfileError(f"{path}: {field}", value,
+                                   f"profile {owner} already claims the model name {name} (/models/{name}, "
+                                   f"Service {name}-vllm, its Node label): rename this one")
+        owner = pools.setdefault(p.nodes.node_pool, p.name)
+        if owner != p.name:
+            raise ProfileError(f"{path}: spec.nodes.nodePool", p.nodes.node_pool,
+                               f"profile {owner} already renders NodePool {p.nodes.node_pool}: a pool's nodes "
+                               "warm one profile's models; list the models in one profile's spec.models")
+
+
 def _refuse(report: dict[str, list[str]], what: str) -> None:
     if report:
         lines = [f"{obj}: {e}" for obj, errs in report.items() for e in errs]
@@ -119,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.file:
         raise ProfileError("-f/--file", None, "name the WarmProfile to render (or pass --crd for the CRD alone)")
     p, types = load_checked(args.file, args.instance_source, args.measure)
+    check_claims([(args.file, p)] + [(path, profile.load(path)) for path in args.also])
     if args.device_plugin_patch:
         from nodewarm.nodeclasses import deviceplugin
 
@@ -181,6 +218,10 @@ def register(sub) -> None:
     r = sub.add_parser("render", help="render NodeClass, NodePool, vLLM Deployment (+IAM policy) from a WarmProfile",
                        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("-f", "--file", help="WarmProfile YAML ('-' for stdin); required unless --crd")
+    r.add_argument("--also", action="append", default=[], metavar="FILE",
+                   help="another WarmProfile of the cluster (repeat for each; nothing of it is rendered): refuse the "
+                        "render when the two claim the same model (one /models/<name> path, Service and Node label: "
+                        "a profile's name, or <profile>-<name> for each of spec.models) or the same NodePool")
     r.add_argument("--crd", action="store_true",
                    help="print only the WarmProfile CRD, to apply (and wait for) before any profile: see HELP")
     r.add_argument("-o", "--output-dir", help="write one file per object plus the IAM policies here")

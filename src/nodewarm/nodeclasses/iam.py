@@ -1,11 +1,11 @@
 """IAM policies, one per principal, each no wider than the S3 prefixes it needs.
 
-* ``agent`` (reader): the bootstrap agent lists and reads the model prefix and the compile-cache prefix, and
-  reads the launcher artifact. It is attached to the bootstrap DaemonSet's role (Pod Identity / IRSA) or, for
-  the AL2023 host agent with ``spec.aws.identity: node``, to the node role. It never writes.
+* ``agent`` (reader): the bootstrap agent lists and reads every model's prefix (spec.model and spec.models) and the
+  compile-cache prefix, and reads the launcher artifact. It is attached to the bootstrap DaemonSet's role (Pod
+  Identity / IRSA) or, for the AL2023 host agent with ``spec.aws.identity: node``, to the node role. It never writes.
 * ``publisher`` (writer, only with ``compileCache.publisher``): reads and writes the compile-cache prefix, and
-  reads (never writes) the model prefix: its ServiceAccount is the serving pod's, and a vLLM container started on
-  a node whose local copy is not complete streams the model from S3 (nodeclasses.servestart).
+  reads (never writes) every model's prefix: its ServiceAccount is the serving pods', and a vLLM container started
+  on a node whose local copy is not complete streams the model from S3 (nodeclasses.servestart).
   Envelopes (the ``*.json`` pointers nodes trust) may only be written conditionally (``If-None-Match`` for the
   first writer, ``If-Match`` to replace a stale one), so a publisher can never blindly overwrite another's
   pointer; content-addressed blobs, claims, stale markers (``<key>.json.stale/<generation>``, after a miss
@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from nodewarm.api import models
 from nodewarm.api.warmprofile import WarmProfile
 
 
@@ -28,13 +29,23 @@ def _list(sid: str, bucket: str, prefix: str) -> dict:
             "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}
 
 
+def _read_models(p: WarmProfile, read_actions: list[str]) -> list[dict]:
+    """List and read every model of the profile (spec.model, then each of spec.models by its view). Sids are unique
+    in a policy: the first model's keep their names, the n-th view's get n."""
+    out = []
+    for n, view in enumerate(models.views(p), start=1):
+        b, prefix = _split(view.model.uri)
+        suffix = "" if n == 1 else str(n)
+        out += [_list(f"ListModel{suffix}", b, prefix),
+                {"Sid": f"ReadModel{suffix}", "Effect": "Allow", "Action": list(read_actions),
+                 "Resource": [f"arn:aws:s3:::{b}/{prefix}*"]}]
+    return out
+
+
 def agent_policy(p: WarmProfile) -> dict:
-    mb, mp = _split(p.model.uri)
     cb, cp = _split(p.compile_cache.uri)
     statements = [
-        _list("ListModel", mb, mp),
-        {"Sid": "ReadModel", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-         "Resource": [f"arn:aws:s3:::{mb}/{mp}*"]},
+        *_read_models(p, ["s3:GetObject", "s3:GetObjectVersion"]),
         _list("ListCompileCache", cb, cp),
         {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": [f"arn:aws:s3:::{cb}/{cp}*"]},
@@ -52,13 +63,12 @@ def agent_policy(p: WarmProfile) -> dict:
 def publisher_policy(p: WarmProfile) -> dict:
     cb, cp = _split(p.compile_cache.uri)
     root = f"arn:aws:s3:::{cb}/{cp}"
-    mb, mp = _split(p.model.uri)
     statements = [
         _list("ListCompileCache", cb, cp),
         {"Sid": "ReadCompileCache", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{root}*"]},
-        # vLLM in the same pod streams the model when the node's copy is not complete (servestart): read only.
-        _list("ListModel", mb, mp),
-        {"Sid": "ReadModel", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{mb}/{mp}*"]},
+        # vLLM in the same pod streams the model when the node's copy is not complete (servestart): read only. The
+        # pods of every model share this ServiceAccount (identity.publisher_service_account), so every model.
+        *_read_models(p, ["s3:GetObject"]),
         # Content-addressed archives, claims, stale markers and per-image runtime descriptors: never a pointer.
         {"Sid": "WriteBlobsClaimsMarkersRuntimes", "Effect": "Allow", "Action": ["s3:PutObject"],
          "Resource": [f"{root}*blobs/*", f"{root}*.json.claims/*", f"{root}*.json.stale/*", f"{root}runtimes/*"]},

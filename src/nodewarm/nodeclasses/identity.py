@@ -28,7 +28,9 @@ class Principal:
 
 
 def publisher_service_account(p: WarmProfile) -> str:
-    return f"{p.name}-publisher"
+    # A model's view (nodewarm.api.models) publishes as its profile: one ServiceAccount, one role, one RBAC and
+    # admission policy for all the profile's models, none minted per model.
+    return f"{p.parent or p.name}-publisher"
 
 
 def principals(p: WarmProfile) -> list[Principal]:

@@ -80,7 +80,8 @@ def surge_nodes(replicas: int) -> int:
 
 def default_gpu_limit(p: WarmProfile, types: dict[str, InstanceType]) -> int:
     """Enough GPUs for every replica on a node of its own plus the surge, on the largest allowed type: a runaway
-    scale-up (or a pod that can never schedule) stops at this many GPUs instead of buying more."""
+    scale-up (or a pod that can never schedule) stops at this many GPUs instead of buying more. spec.models'
+    replicas do not count: Karpenter launches no node for their pods (vllm.placement), they share these nodes."""
     per_node = max(types[t].gpus for t in p.nodes.instance_types)
     return (p.serving.replicas + surge_nodes(p.serving.replicas)) * per_node
 

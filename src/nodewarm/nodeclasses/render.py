@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from nodewarm.api import models
 from nodewarm.api.errors import ProfileError
 from nodewarm.api.names import CONTROLLER_NAMESPACE
 from nodewarm.api.warmprofile import WarmProfile
@@ -73,6 +74,8 @@ def render(p: WarmProfile, types: dict[str, InstanceType],
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
     docs.append(vllm.start_script_configmap(p))   # the vLLM container's start script, before its Deployment
     docs += [vllm.deployment(p, types), vllm.service(p), vllm.pod_disruption_budget(p)]
+    for view in models.views(p)[1:]:    # spec.models: each served as the first model is, from its view
+        docs += [vllm.deployment(view, types), vllm.service(view), vllm.pod_disruption_budget(view)]
     # Last, and nothing at all unless enabled: a profile without the check renders what it always did.
     docs += enginecheck.manifests(p, types, controller_namespace)
     return Rendered(docs, iam.policies(p), identity.pod_identity_commands(p), budget)

@@ -47,7 +47,8 @@ def script_text() -> str:
 
 
 def configmap_name(p: WarmProfile) -> str:
-    return f"{p.name}-vllm-serve-start"
+    # A model's view (nodewarm.api.models) runs the same script: the profile's one ConfigMap serves all its models.
+    return f"{p.parent or p.name}-vllm-serve-start"
 
 
 def command(p: WarmProfile) -> list[str]:

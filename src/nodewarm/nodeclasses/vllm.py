@@ -20,6 +20,9 @@ Deliberate choices:
 * a nodeSelector on ``nodewarm.io/generation``: the node agent labels its Node with the generation it holds
   (nodewarm.api.generation), so a rolling update of the serving image or model puts new pods only on nodes
   already warm for them, and no node is replaced or re-tainted for it.
+* each of spec.models is rendered from its view (nodewarm.api.models) by the same functions: its own Deployment,
+  Service and PDB, placed by its own Node label instead (``placement``); the start script's ConfigMap and the
+  publisher's ServiceAccount are the profile's, shared.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from nodewarm import instancetypes
+from nodewarm.api import models
 from nodewarm.api.errors import ProfileError
 from nodewarm.api.generation import generation
 from nodewarm.api.names import GENERATION_LABEL, GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
@@ -370,13 +374,28 @@ def start_script_configmap(p: WarmProfile) -> dict:
             "data": {servestart.SCRIPT_KEY: servestart.script_text()}}
 
 
+def placement(p: WarmProfile) -> dict:
+    """Where the pods of view ``p`` may run: the profile's NodePool, on a node that holds the view's generation
+    verified (its models.label_key). The first model keeps its nodeSelector on nodewarm.io/generation, so a profile
+    without spec.models renders as before. A further model's key is no NodePool requirement (adding one would
+    replace every live node as RequirementsDrifted, and a NodeClaim would take the label at launch, before the
+    agent pulled), so Karpenter never launches a node for its pods: they land on nodes the first model's pods
+    brought up, once the controller labels them."""
+    if not models.is_extra(p):
+        return {"nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool, GENERATION_LABEL: generation(p)}}
+    term = {"key": models.label_key(p), "operator": "In", "values": [generation(p)]}
+    return {"nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]}}}}
+
+
 def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
     """``types``: the allowed instance types' facts (render's); None: the offline table (see requests)."""
     s = p.serving
     gpus = str(pod_gpus(p))
     req = requests(p, types)
     spec = {
-        "nodeSelector": {NODEPOOL_LABEL: p.nodes.node_pool, GENERATION_LABEL: generation(p)},
+        **placement(p),
         "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "initContainers": [servestart.init_container(p, env(p, req.memory_bytes))],
         "containers": [{
