@@ -62,7 +62,12 @@ def priority(p: WarmProfile, v: WarmProfile) -> int:
 def label_key(v: WarmProfile) -> str:
     """The Node label that says the node holds view ``v`` verified; its value is ``generation(v)``, and the view's
     Deployment requires it."""
-    return f"{MODEL_LABEL_PREFIX}{v.name}" if is_extra(v) else GENERATION_LABEL
+    return held_label_key(v.parent or v.name, v.name)
+
+
+def held_label_key(profile: str, name: str) -> str:
+    """label_key by names: what a reader of a node's report has (`nodewarm status`), not the profile's views."""
+    return GENERATION_LABEL if name == profile else f"{MODEL_LABEL_PREFIX}{name}"
 
 
 @dataclass(frozen=True)
