@@ -103,6 +103,10 @@ def exercised_metrics() -> Metrics:
     m.device_plugins_missing.labels("p1").set(1)
     for action in (*peerkeys.REASONS, "forbidden"):     # warmprofile/peerkeys.py's decisions
         m.peer_keys.labels("p1", action).inc()
+    from nodewarm.controller.modellabels import plan as modellabels
+
+    for action in (modellabels.LABEL, modellabels.SWITCH, modellabels.UNLABEL, modellabels.NO_CAPACITY):
+        m.model_labels.labels("p1", action).inc()
     m.leader.set(1)
     return m
 

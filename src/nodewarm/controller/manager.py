@@ -10,7 +10,8 @@ Run it in-process (demo, tests, bench)::
     c.run_until(stop_event)          # or c.start() ... c.stop()
 
 Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>``, ``budget/<NodePool>`` (re-check
-a paused replace budget) and ``check/<WarmProfile>/<Node>`` (a node's engine check, enginecheck/). Every replica
+a paused replace budget), ``check/<WarmProfile>/<Node>`` (a node's engine check, enginecheck/) and ``models/<Node>``
+(the model labels of a profile's Node, modellabels/). Every replica
 lists and watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys, each
 write bounded by the time its Lease still covers.
 A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
@@ -37,6 +38,8 @@ from .events import EventRecorder
 from .kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
 from .leader import LeaderConfig, LeaderElector, NotLeading
 from .metrics import HttpEndpoints, Metrics, health_routes, metrics_routes
+from .modellabels import controller as modellabels
+from .modellabels.plan import ModelNode
 from .nodeclaim.controller import NodeClaimController
 from .options import ControllerOptions
 from .pairing import ProviderIndex
@@ -71,7 +74,7 @@ class Controller:
 
         w, page = self.opt.watch_timeout_s, self.opt.list_page_size
         self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w, page_size=page)
-        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w, page_size=page)
+        self.nodes = Reflector(self.kube, NODES, ModelNode.from_obj, self._on_node, w, page_size=page)
         self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w, page_size=page)
         self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w, page_size=page)
         self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w,
@@ -99,6 +102,7 @@ class Controller:
         self.warmprofile = WarmProfileController(self)
         self.nodeclaim = NodeClaimController(self, self.warmprofile.write_status)
         self.enginecheck = enginecheck.EngineCheckController(self)
+        self.modellabels = modellabels.ModelLabelController(self)
 
     # -- what the reconcilers read -------------------------------------------------------------------
     def node_for(self, claim: ClaimView) -> NodeView | None:
@@ -138,6 +142,10 @@ class Controller:
             self.queue.add(f"claim/{claim}")
         self._enqueue_check(old, new)
         self._enqueue_peers(kind, old, new)
+        if kind == "DELETED":
+            self.modellabels.forget((old or new).name)
+        elif self.modellabels.profile_of(new) is not None:
+            self.queue.add(modellabels.key(new.name))
 
     def _enqueue_peers(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
         """A node joining or leaving a profile: the profile's key bindings (warmprofile/peerkeys.py). Only then:
@@ -190,6 +198,8 @@ class Controller:
         for n in list(self.nodes.store.values()):
             if n.nodepool in pools:
                 self._enqueue_check(None, n)
+            if n.profile == v.name:
+                self.queue.add(modellabels.key(n.name))     # spec.models changed: labels to set or remove
 
     def _enqueue_claims(self, pred=lambda c: True) -> None:
         for name, c in list(self.claims.store.items()):
@@ -202,6 +212,8 @@ class Controller:
         self._enqueue_claims()
         for n in list(self.nodes.store.values()):
             self._enqueue_check(None, n)
+            if self.modellabels.profile_of(n) is not None:
+                self.queue.add(modellabels.key(n.name))
 
     # -- leadership ------------------------------------------------------------------------------------
     def _became_leader(self) -> None:
@@ -239,6 +251,8 @@ class Controller:
                     self.nodeclaim.reconcile_budget(name)
                 elif kind == enginecheck.KIND:
                     self.enginecheck.reconcile(name)
+                elif kind == modellabels.KIND:
+                    self.modellabels.reconcile(name)
                 else:
                     self.reconcile_profile(name)
                 self.queue.forget(key)

@@ -50,9 +50,13 @@ class Metrics:
         self.peer_keys = Counter(
             "nodewarm_peer_keys_total", "Peer key decisions (spec.weights.peers): mint, rotate, role, bind, unbind, "
             "remove carried out, forbidden (no RBAC in the bootstrap namespace)", ["profile", "action"], registry=r)
+        self.model_labels = Counter(
+            "nodewarm_model_labels_total", "Model labels (spec.models) set, switched to a new generation or removed on "
+            "a profile's nodes, and models reported NoCapacity (told once per message)", ["profile", "action"],
+            registry=r)
         self.leader = Gauge("nodewarm_leader", "1 while this replica holds the Lease", registry=r)
 
-    def observe(self, nodepool: str, counters, durations) -> None:
+    def observe(self, nodepool: str, counters, durations, profile: str = "") -> None:
         for phase, secs in durations:
             self.phase.labels(nodepool, phase).observe(secs)
         for name, label in counters:
@@ -62,6 +66,8 @@ class Metrics:
                 self.deadlines.labels(nodepool, label).inc()
             elif name == "compile_cache":
                 self.cache.labels(nodepool, label).inc()
+            elif name == "model_labels":
+                self.model_labels.labels(profile, label).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

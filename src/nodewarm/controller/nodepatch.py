@@ -1,6 +1,7 @@
-"""JSON-patch builders for the controller's guarded Node writes (the NodeClaim reconciler's one write, and a deleted
-profile's clean-up lifting its taint): every op that changes something comes after ``test`` ops that make the patch
-fail (409/422) unless it meets the Node as it was read, so a stale cache can never touch what it did not see."""
+"""JSON-patch builders for the controller's guarded Node writes (the NodeClaim reconciler's one write, a deleted
+profile's clean-up lifting its taint, the model labels): every op that changes something comes after ``test`` ops
+that make the patch fail (409/422) unless it meets the Node as it was read, so a stale cache can never touch what it
+did not see."""
 
 from __future__ import annotations
 
@@ -39,3 +40,8 @@ def set_map_ops(present: bool, root: str, values: dict[str, str]) -> list[dict]:
     if not present:
         return [{"op": "add", "path": root, "value": values}]
     return [{"op": "add", "path": f"{root}/{_esc(k)}", "value": v} for k, v in values.items()]
+
+
+def remove_map_ops(root: str, keys: list[str]) -> list[dict]:
+    """JSON-patch ``remove`` for map entries (each must be there: the patch is planned on the object it tests for)."""
+    return [{"op": "remove", "path": f"{root}/{_esc(k)}"} for k in keys]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from nodewarm.api import enginecheck, lifecycle
+from nodewarm.api import enginecheck, lifecycle, models
 from nodewarm.api.lifecycle import Phase
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
-    INSTANCE_TYPE_LABEL, PROGRESS_ANNOTATION, WEIGHTS_ANNOTATION,
+    INSTANCE_TYPE_LABEL, MODELS_ANNOTATION, PROGRESS_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.api.timeline import AGENT_STEPS, Timeline
 from nodewarm.api.timeutil import fmt_duration, parse_time
@@ -46,6 +46,24 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class ModelRow:
+    """One model the node agent reports on its Node (nodewarm.io/models, api/models.py), and its label there."""
+    name: str                        # the model's view name: the profile's for the first model, else <profile>-<name>
+    state: str                       # pulling | warm | evicting | failed
+    generation: str                  # held verified
+    labelled: bool                   # the Node carries the model's label with that generation (its pods may land)
+    bytes: int
+    last_used: str                   # RFC 3339
+    pending: str                     # a generation pulled beside it (a roll), or that failed
+    reason: str
+    message: str                     # why it failed (NoCapacity: what did not fit)
+
+    def text(self) -> str:
+        """name=state, the reason of a failure."""
+        return f"{self.name}={self.state}" + (f"({self.reason})" if self.reason else "")
+
+
+@dataclass(frozen=True)
 class Row:
     node: str                        # "" while the claim has no Node
     node_claim: str
@@ -66,6 +84,7 @@ class Row:
     gpus: str
     cleanup: str = ""                # the profile is deleted, its clean-up held: why (observed.cleanup)
     engine: str = "-"                # the engine check (readiness.engineCheck): engine_text
+    models: tuple[ModelRow, ...] = ()   # what the agent reports it holds or pulls (spec.models)
 
     @property
     def name(self) -> str:
@@ -105,6 +124,18 @@ def weights(node: NodeView | None) -> Weights:
         except (TypeError, ValueError):
             return Weights()
     return Weights()
+
+
+def held_models(s: Subject) -> tuple[ModelRow, ...]:
+    node = s.node_view
+    if node is None:
+        return ()
+    out = []
+    for m in models.decode(node.annotations.get(MODELS_ANNOTATION)).values():
+        label = s.node_label(models.held_label_key(s.profile.name if s.profile else node.profile, m.name))
+        out.append(ModelRow(m.name, m.state, m.generation, bool(m.generation) and label == m.generation, m.bytes,
+                            m.last_used, m.pending, m.reason, " ".join(m.message.split())))
+    return tuple(out)
 
 
 def fmt_secs(s: float) -> str:
@@ -186,7 +217,7 @@ def row(s: Subject, now: float) -> Row:
         deadline_left_s=left, deadline=prof.deadline if prof else "", on_deadline=prof.on_deadline if prof else "",
         instance_type=s.label(INSTANCE_TYPE_LABEL), generation=generation,
         image=ann.get(IMAGE_ANNOTATION, "").split(" ", 1)[0], gpus=gpus, cleanup=cleanup(prof) if prof else "",
-        engine=engine_text(ec))
+        engine=engine_text(ec), models=held_models(s))
 
 
 def rows(obs: Observed, now: float, profile: str | None = None) -> list[Row]:

@@ -8,13 +8,14 @@ from nodewarm.api.timeutil import fmt_duration
 
 from .explain import Explanation
 from .observed import Observed, held_note, owners
-from .rows import Row, fmt_secs
+from .rows import ModelRow, Row, fmt_gb, fmt_secs
 
 COLUMNS = (("NAME", lambda r: r.name), ("PROFILE", lambda r: r.profile), ("PHASE", lambda r: r.phase),
            ("FOR", lambda r: fmt_duration(r.in_phase_s)), ("WEIGHTS", lambda r: r.weights.text()),
            ("CACHE", lambda r: r.cache), ("REASON", lambda r: r.reason or "-"),
            ("DEADLINE", lambda r: r.deadline_text()))
-WIDE = (("ENGINE", lambda r: r.engine), ("NODECLAIM", lambda r: r.node_claim or "-"),
+WIDE = (("ENGINE", lambda r: r.engine), ("MODELS", lambda r: ",".join(m.text() for m in r.models) or "-"),
+        ("NODECLAIM", lambda r: r.node_claim or "-"),
         ("INSTANCE-TYPE", lambda r: r.instance_type or "-"),
         ("GENERATION", lambda r: r.generation or "-"), ("IMAGE", lambda r: r.image or "-"),
         ("GPUS", lambda r: r.gpus or "-"))
@@ -37,6 +38,17 @@ def _clock(t: float | None, ref: float | None) -> str:
     return s + (f" (+{t - ref:.1f}s)" if ref is not None and t >= ref else "")
 
 
+def model_cells(ms: tuple[ModelRow, ...]) -> list[list[str]]:
+    """GENERATION: held verified, and whether the Node carries its label (no: its pods cannot land here yet)."""
+    cells = [["MODEL", "STATE", "GENERATION", "LABEL", "SIZE", "LAST USED", "PENDING", "MESSAGE"]]
+    for m in ms:
+        why = f"{m.reason}: {m.message}" if m.reason else m.message
+        cells.append([m.name, m.state, m.generation or "-", "yes" if m.labelled else "no",
+                      f"{fmt_gb(m.bytes)} GB" if m.bytes else "-", m.last_used or "-", m.pending or "-",
+                      why[:160] or "-"])
+    return cells
+
+
 def format_explanation(x: Explanation) -> str:
     r = x.row
     lines = [f"Node:        {r.node or '<none yet>'}", f"NodeClaim:   {r.node_claim or '-'}",
@@ -50,6 +62,10 @@ def format_explanation(x: Explanation) -> str:
              f"Deadline:    {r.deadline_text()}" + (" left" if (r.deadline_left_s or 0) > 0 else "")]
     if r.instance_type or r.generation or r.gpus:
         lines.append(f"Instance:    {r.instance_type or '-'}  generation {r.generation or '-'}  GPUs {r.gpus or '-'}")
+    if r.models:
+        lines.append("")
+        lines.append("Models:")
+        lines += ["  " + line for line in table(model_cells(r.models)).splitlines()]
     lines.append("")
     lines.append("Waiting for:")
     lines += [f"  - {w}" for w in x.waits_for] or ["  - nothing"]

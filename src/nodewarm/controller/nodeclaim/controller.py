@@ -21,6 +21,7 @@ from nodewarm.api.warmprofile import WarmProfile
 
 from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
 from ..leader import NotLeading
+from ..modellabels.plan import ModelNode
 from ..shared import Manager
 from ..warmprofile.view import ProfileView
 from . import budget
@@ -56,7 +57,7 @@ class NodeClaimController:
         live_node = None
         if name is not None:
             try:
-                live_node = NodeView.from_obj(kube.get(NODES, name, timeout=self.mgr.write_timeout()))
+                live_node = ModelNode.from_obj(kube.get(NODES, name, timeout=self.mgr.write_timeout()))
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -160,13 +161,13 @@ class NodeClaimController:
         else:
             after = mgr.kube.json_patch(NODES, node.name, list(plan.node_ops), timeout=timeout)
             # Feed our own write into the cache so a re-queue before the watch event sees the record.
-            mgr.nodes.store[node.name] = NodeView.from_obj(after)
+            mgr.nodes.store[node.name] = ModelNode.from_obj(after)
         mgr.decisions.append((claim.name, plan.action))      # deque.append is thread-safe
-        mgr.metrics.observe(claim.nodepool, plan.counters, plan.durations)
+        mgr.metrics.observe(claim.nodepool, plan.counters, plan.durations, plan.profile)
         node_ev = next((e for e in plan.events if e.kind == "Node"), None)
         claim_ev = next((e for e in plan.events if e.kind == "NodeClaim"), None)
-        for ev in plan.events:
-            mgr.events.emit(ev, claim_ev if ev is node_ev else node_ev)
+        for ev in plan.events:      # the model labels' events on the Node too: related to the claim, not themselves
+            mgr.events.emit(ev, claim_ev if ev.kind == "Node" else node_ev)
         mgr.log.info("decision", nodeclaim=claim.name, node=node.name if node else None, action=plan.action,
                      nodepool=claim.nodepool, reasons={c.type: c.reason for c in plan.conditions},
                      durations={k: round(v, 3) for k, v in plan.durations})

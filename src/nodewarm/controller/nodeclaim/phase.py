@@ -17,6 +17,7 @@ from nodewarm.api.views import ClaimView, Condition, NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
 from ..events import EventSpec
+from ..modellabels.plan import Change
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Lift:
     warm: str                       # nodewarm.io/warm: "true" (reported Warm) or "cold" (lifted at its deadline)
     cache: str                      # nodewarm.io/compile-cache: the outcome at warm time, "cold" when lifted cold
     generation: str | None          # the generation label the vLLM pods select on (None: no label)
+    models: tuple[Change, ...] = ()  # the further models' labels (spec.models), set in this same write (plan.py)
 
 
 @dataclass(frozen=True)

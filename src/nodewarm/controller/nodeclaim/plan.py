@@ -24,6 +24,7 @@ from nodewarm.api.views import ClaimView, Condition, NodeView, WarmState
 from nodewarm.api.warmprofile import WarmProfile
 
 from ..events import EventSpec
+from ..modellabels import plan as modellabels
 from ..nodepatch import guarded_taint_removal, identity_guard, set_map_ops
 from . import deadline, track, untaint
 from .phase import Observed, Step, phase_times
@@ -47,6 +48,7 @@ class Plan:
     counters: tuple[tuple[str, str], ...] = ()      # (metric, label)
     requeue_after: float | None = None
     deadline: str = ""                        # the onDeadline action this plan carries out, if any
+    profile: str = ""                         # the WarmProfile gating the claim's pool (a metric label)
 
 
 def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, now: float) -> Plan:
@@ -63,11 +65,23 @@ def plan_claim(claim: ClaimView, node: NodeView | None, p: WarmProfile | None, n
 
 
 def _fold(seen: Observed, conditions: tuple[Condition, ...], step: Step) -> Plan:
+    if step.lift is not None:
+        step = _with_models(seen, step)
     action = (DELETE_CLAIM if step.delete_claim else UNTAINT if step.lift is not None else
               RECORD if step.decision is not None else NONE)
     ops = _node_patch(seen, conditions, step) if step.decision is not None else ()
     return Plan(seen.claim.name, action, conditions, ops, step.events, step.durations, step.counters,
-                step.requeue_after, step.deadline)
+                step.requeue_after, step.deadline, seen.profile.name)
+
+
+def _with_models(seen: Observed, step: Step) -> Step:
+    """A lift also sets the labels of the further models the node reports warm: the model-label reconciler sets
+    none while the taint is on (modellabels/plan.py says why), so they come with the taint's removal, told like it."""
+    extra = modellabels.lift_changes(seen.profile, seen.node)
+    how = f" as {seen.taint_key} was removed"
+    return replace(step, lift=replace(step.lift, models=extra),
+                   events=step.events + tuple(modellabels.change_event(seen.node, c, how) for c in extra),
+                   counters=step.counters + tuple(("model_labels", c.action) for c in extra))
 
 
 def _node_patch(seen: Observed, conditions: tuple[Condition, ...], step: Step) -> tuple[dict, ...]:

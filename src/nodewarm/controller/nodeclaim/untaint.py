@@ -35,11 +35,13 @@ def model_label(p: WarmProfile) -> str:
 
 def node_labels(p: WarmProfile, lift: Lift) -> dict[str, str]:
     """What a node whose taint comes off is labelled (here or at its deadline, deadline.py): the profile and model,
-    the compile cache's outcome, warm or cold, and the generation the vLLM pods select on."""
+    the compile cache's outcome, warm or cold, the generation the vLLM pods select on, and the label of each further
+    model the node reports warm (the model's pods select it)."""
     labels = {PROFILE_LABEL: label_value(p.name), MODEL_LABEL: model_label(p), CACHE_LABEL: lift.cache,
               WARM_LABEL: lift.warm}
     if lift.generation:
         labels[GENERATION_LABEL] = lift.generation
+    labels.update({c.key: c.value for c in lift.models})
     return labels
 
 
