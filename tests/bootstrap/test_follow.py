@@ -113,16 +113,6 @@ def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when
             pass
 
 
-@pytest.fixture(scope="session")
-def scheduling(kube):
-    """The real kube-scheduler and the Deployment/ReplicaSet controllers on the session's API server."""
-    from nodewarm_dev.testenv import kube as kubeenv
-
-    kubeenv.start_controller_manager(kube)
-    kubeenv.start_scheduler(kube)
-    return kube
-
-
 def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generation(
         scheduling, kube, k, admin, aws_env, fresh_node, warmprofile, kubelet_pulls, tmp_path):
     from nodewarm.kubeapply import apply

@@ -147,9 +147,9 @@ def visible_files(dest: Path) -> dict[str, bytes]:
 
 
 class RunningAgent:
-    """A Follower in a thread, as the systemd unit or the DaemonSet runs it."""
+    """A Follower in a thread, as the systemd unit or the DaemonSet runs it (``opts``: more FollowOptions)."""
 
-    def __init__(self, kube, tmp_path, node: str, name: str, once: bool = False):
+    def __init__(self, kube, tmp_path, node: str, name: str, once: bool = False, **opts):
         import threading
 
         from kubernetes import config
@@ -161,7 +161,8 @@ class RunningAgent:
         self.mount.mkdir(exist_ok=True)
         self.stop = threading.Event()
         self.follower = Follower(api, FollowOptions(profile=name, mount=self.mount, node_name=node, load_check=False,
-                                                    once=once, watch_timeout_s=5, poll_s=0.2, retry_s=30), self.stop)
+                                                    once=once, **{"watch_timeout_s": 5, "poll_s": 0.2,
+                                                                  "retry_s": 30, **opts}), self.stop)
         self.thread = threading.Thread(target=self.follower.run, daemon=True)
         self.thread.start()
 

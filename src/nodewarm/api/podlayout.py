@@ -40,9 +40,14 @@ def cache_dirs(base) -> dict[str, PurePosixPath]:
     }
 
 
+# Under the NVMe mount: one folder per profile (and per further model's view, api.models), each with one subfolder
+# per model identity (generation.model_key).
+MODELS_ROOT = "nodewarm/models"
+
+
 def models_dir(p: WarmProfile) -> str:
     """The profile's folder of weights on the node: one subfolder per model identity (generation.model_key)."""
-    return f"{p.nodes.cache_mount}/nodewarm/models/{p.name}"
+    return f"{p.nodes.cache_mount}/{MODELS_ROOT}/{p.name}"
 
 
 def model_dir(p: WarmProfile) -> str:

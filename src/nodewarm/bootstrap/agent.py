@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.api.defaults import default
+from nodewarm.api.models import WARM, HeldModel
+from nodewarm.api.models import encode as encode_models
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
-    LAUNCH_FAILURE_ANNOTATION, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
+    LAUNCH_FAILURE_ANNOTATION, MODELS_ANNOTATION, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, cache_dirs, model_path
 from nodewarm.api.servingspec import ServingSpec
@@ -131,6 +133,27 @@ class LiveProgress:
         if self._thread.is_alive():
             self._thread.join()
 
+def node_cache_dirs(mount: Path) -> bundle.CacheDirs:
+    """The host side of the vLLM pods' /compile-cache hostPath (api.podlayout), shared by every model's pods."""
+    from .compilecache.bundle import CacheDirs
+
+    d = {k: Path(v) for k, v in cache_dirs(mount / CACHE_DIR).items()}
+    return CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
+                     base=mount / CACHE_DIR)
+
+
+@dataclass(frozen=True)
+class ModelPull:
+    """A further model (spec.models, api.models view) the node must hold before it reports Warm: its weights are
+    pulled after the first model's, in this order, and its compile-cache bundle restored after the first one's."""
+    name: str                   # the view's name
+    uri: str
+    dest: Path
+    generation: str
+    spec: ServingSpec
+    priority: int = 0
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     profile: str
@@ -158,15 +181,13 @@ class AgentConfig:
     engine_check_s: float | None = None             # readiness.engineCheck's timeout; None: no engine check
     serving_namespace: str = default("serving.namespace")   # where the check pod runs (the serving pod's)
     peering: object | None = field(default=None, compare=False)  # bootstrap.peering.Peering: peers on
+    extras: tuple[ModelPull, ...] = ()              # the required further models, in the order they warm
+    report_models: bool = False                     # the profile has spec.models: report names.MODELS_ANNOTATION
+    headroom: object | None = None                  # weights.capacity.Headroom; None: the pull's default
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
-        """The host side of the vLLM pod's /compile-cache hostPath (api.podlayout)."""
-        from .compilecache.bundle import CacheDirs
-
-        d = {k: Path(v) for k, v in cache_dirs(self.mount / CACHE_DIR).items()}
-        return CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
-                         base=self.mount / CACHE_DIR)
+        return node_cache_dirs(self.mount)
 
     @property
     def baseline_path(self) -> Path:
@@ -194,6 +215,8 @@ class AgentResult:
     gpus: object | None = None          # gpuwait.GpuResult
     timeline: dict[str, str] = field(default_factory=dict)
     engine: Outcome | None = None       # the engine check's, when the profile asks for one
+    models: tuple[HeldModel, ...] = ()  # with spec.models: every model warmed, for names.MODELS_ANNOTATION
+    extras: dict[str, WeightsSummary] = field(default_factory=dict)     # the required further models' pulls
 
     def to_dict(self) -> dict:
         return {"warm": self.warm, "reason": self.reason, "message": self.message, "timeline": self.timeline,
@@ -218,6 +241,8 @@ class AgentResult:
             from nodewarm.api.enginecheck import REQUEST_ANNOTATION
 
             out[REQUEST_ANNOTATION] = self.engine.to_json()
+        if self.models:
+            out[MODELS_ANNOTATION] = encode_models(self.models)
         if self.weights is not None:
             out[WEIGHTS_ANNOTATION] = json.dumps({"files": self.weights.files, "bytes": self.weights.bytes,
                                                      "downloadedBytes": self.weights.downloaded_bytes,
@@ -266,8 +291,10 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
 
 
 def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | None = None,
-             first_get: threading.Event | None = None, stop: threading.Event | None = None) -> WeightsSummary:
-    """``first_get`` is set once the pull's first GET is out, or when this phase ends without one."""
+             first_get: threading.Event | None = None, stop: threading.Event | None = None,
+             extras: dict[str, WeightsSummary] | None = None) -> WeightsSummary:
+    """``first_get`` is set once the pull's first GET is out, or when this phase ends without one. The required
+    further models are pulled after the first one, each into ``extras`` by name."""
     timeline[Timeline.WEIGHTS_STARTED] = _stamp()
 
     def heard(phase: str, snap) -> None:
@@ -286,7 +313,7 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
             summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
                                                  allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
                                                  load_check=cfg.load_check, streamer=cfg.streamer, stop=stop,
-                                                 peers=peers, holdings=holdings))
+                                                 peers=peers, holdings=holdings, **_headroom(cfg)))
     except NodewarmError as e:
         timeline[Timeline.WEIGHTS_FAILED] = _stamp()
         if cfg.peering is not None:
@@ -297,10 +324,27 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
             first_get.set()
     if cfg.peering is not None:
         cfg.peering.warm()
+    held = [cfg.dest]
+    for m in cfg.extras:
+        try:
+            with weights_progress.listening(heard):
+                pulled = warm_weights(WeightsConfig(uri=m.uri, dest=m.dest, allow_non_nvme=cfg.allow_non_nvme,
+                                                    host_root=cfg.host_root, load_check=cfg.load_check, stop=stop,
+                                                    link_from=tuple(held), **_headroom(cfg)))
+        except NodewarmError as e:
+            timeline[Timeline.WEIGHTS_FAILED] = _stamp()
+            raise NodewarmError(f"model {m.name} ({m.uri}): {e}", e.reason) from e
+        held.append(m.dest)
+        if extras is not None:
+            extras[m.name] = pulled
     if summary.first_byte_at is not None:
         timeline[Timeline.FIRST_BYTE] = _stamp(summary.first_byte_at)
     timeline[Timeline.WEIGHTS_DONE] = _stamp()
     return summary
+
+
+def _headroom(cfg: AgentConfig) -> dict:
+    return {"headroom": cfg.headroom} if cfg.headroom is not None else {}
 
 
 def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
@@ -321,6 +365,12 @@ def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
                                          node_labels=cfg.node_labels)
     # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
     hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
+    for m in cfg.extras if cfg.verify_key else ():
+        # Beside the first model's, in the same folders (each bundle's files are under its own hash dirs); the
+        # publisher's baseline stays the first model's. A cold one only makes that model's first compile slower.
+        extra = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, m.spec, cfg.cache_dirs, cfg.runtime,
+                                         host_root=cfg.host_root, node_labels=cfg.node_labels)
+        log.info("agent.compile_cache", model=m.name, status=extra.status, reason=extra.reason)
     timeline[Timeline.COMPILE_CACHE_RESTORED if cache.status == "restored" else Timeline.COMPILE_CACHE_COLD] = _stamp()
     log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
     return cache
@@ -352,8 +402,9 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
     # too, or leaving the pool below would wait for them (a pull of the whole model, a 10-minute image wait).
     stop = threading.Event()
     first_get = threading.Event()
+    extras: dict[str, WeightsSummary] = {}
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="phase") as pool:
-        weights = pool.submit(_weights, cfg, timeline, live, first_get, stop)
+        weights = pool.submit(_weights, cfg, timeline, live, first_get, stop, extras)
         cache_f = pool.submit(_compile_cache, cfg, timeline, first_get) if cfg.compile_cache_uri else None
         # The image and GPU waits start once the first GET is out too: their first API call makes the kubernetes
         # client (its import ~0.25 s), which would take the GIL from the pull's start (kubeconn.py).
@@ -388,8 +439,18 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
         message += f"; WARNING {gpus.reason}: {gpus.message}"
     elif gpus is not None:
         message += "; " + gpus.message
+    if extras:
+        message += "; also " + ", ".join(f"{name}: {x.files} files, {x.bytes} bytes verified"
+                                         for name, x in extras.items())
+    models = ()
+    if cfg.report_models:
+        now = _stamp()
+        models = (HeldModel(cfg.profile, WARM, cfg.generation, key=cfg.dest.name, bytes=summary.bytes, required=True,
+                            last_used=now),) + tuple(
+            HeldModel(m.name, WARM, m.generation, key=m.dest.name, bytes=extras[m.name].bytes, required=True,
+                      priority=m.priority, last_used=now) for m in cfg.extras)
     return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, gpus=gpus,
-                       timeline=timeline)
+                       timeline=timeline, models=models, extras=extras)
 
 
 def _engine(result: AgentResult, engine_check, timeline: dict[str, str]) -> AgentResult:

@@ -20,17 +20,18 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
-from nodewarm.api.names import GENERATION_LABEL
+from nodewarm.api.names import GENERATION_LABEL, MODELS_ANNOTATION
 from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import agent, profilesource
-from .nodestatus import report_warm
+from . import agent, modelset, modelstore, profilesource
+from .nodestatus import report_progress, report_warm
+from .weights.capacity import Headroom
 from .weights.loadcheck import StreamerTuning
 
 log = logs.get("bootstrap.follow")
@@ -55,6 +56,7 @@ class FollowOptions:
     retry_s: float = 300.0          # a failed warm is tried again after this, or at once on a profile change
     state_dir: Path | None = None   # launcher failure records in, agent-result.json out
     gpu_wait_s: float | None = None     # None: gpuwait.GPU_WAIT_S
+    headroom: Headroom = field(default_factory=Headroom)   # space every pull leaves free on the NVMe
 
 
 def streamer_tuning(p: WarmProfile) -> StreamerTuning:
@@ -66,6 +68,8 @@ def streamer_tuning(p: WarmProfile) -> StreamerTuning:
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,
                  node_labels: dict[str, str] | None = None, peering=None) -> agent.AgentConfig:
     p = r.profile
+    extras = tuple(agent.ModelPull(t.name, t.view.model.uri, t.dest, t.generation, serving_spec(t.view), t.priority)
+                   for t in modelset.targets(p, opts.mount)[1:] if t.required)
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
@@ -75,7 +79,8 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         state_dir=opts.state_dir, node_labels=dict(node_labels or {}), serving_image=p.serving.image,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
         engine_check_s=float(p.readiness.engine_check.timeout_s) if p.readiness.engine_check.enabled else None,
-        serving_namespace=p.serving.namespace, peering=peering,
+        serving_namespace=p.serving.namespace, peering=peering, extras=extras, report_models=bool(p.models),
+        headroom=opts.headroom,
         **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))
 
 
@@ -107,6 +112,9 @@ class Follower:
         self.last: agent.AgentResult | None = None
         self._failed_at: float | None = None
         self.peering = None     # bootstrap.peering.Peering while the profile has peers on
+        # The profile's further models (spec.models): reported on the Node, the ones not required warmed here.
+        self.book = modelset.Book(lambda ann: report_progress(api_client, opts.node_name, ann))
+        self.models = modelset.ModelSet(api_client, opts, self.book, self.stop)
 
     def _peering(self, p: WarmProfile):
         """The profile's peers, started, restarted for new settings, or closed when turned off."""
@@ -127,6 +135,19 @@ class Follower:
     def close(self) -> None:
         if self.peering is not None:
             self.peering.close()
+        self.models.close()
+
+    def _models(self, p: WarmProfile, result: agent.AgentResult) -> None:
+        """After a warm: what it warmed into the report, then the rest of the profile's models (in the background,
+        or now with ``once``: the process ends after it)."""
+        if not p.models:
+            return
+        for m in result.models:
+            self.book.put(m)
+        self.models.node_labels = self._node_labels()
+        self.models.follow(p, background=not self.opt.once)
+        if self.opt.once:
+            self.models.round()
 
     # -- the parts ---------------------------------------------------------------------------------------
     def _report_not_warm(self, reason: str, message: str) -> None:
@@ -176,6 +197,7 @@ class Follower:
         self.last = result
         if result.warm:
             self.held, self._failed_at = r, None
+            self._models(r.profile, result)
         else:
             self._failed_at = time.monotonic()
         return result
@@ -197,7 +219,12 @@ class Follower:
                         f"{result.reason}: {result.message}",
                         {REWARM_ANNOTATION: f"{r.generation} {result.reason}"})
             return False
-        agent.report(self.api, cfg, result, {REWARM_ANNOTATION: f"{r.generation} done"})
+        for m in result.models:
+            self.book.put(m)
+        extra = {REWARM_ANNOTATION: f"{r.generation} done"}
+        if result.models:       # the report as a whole: the further models' entries are the book's, not the warm's
+            extra[MODELS_ANNOTATION] = self.book.annotation()
+        agent.report(self.api, cfg, result, extra)
         log.info("rewarm.done", generation=r.generation, previous=self.held.generation)
         self.held, self._failed_at = r, None
         self.collect_garbage()
@@ -242,10 +269,13 @@ class Follower:
             return
         if self.held is None:
             self.first_warm(r)
-        elif r.generation != self.held.generation:
+            return
+        if r.generation != self.held.generation:
             self.rewarm(r)
         else:
             self.held = replace(self.held, resource_version=r.resource_version)
+        if r.profile.models or self.book.all():
+            self.models.follow(r.profile)      # a further model added, rolled or taken out
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -255,6 +285,7 @@ class Follower:
             self.close()
 
     def _run(self) -> int:
+        modelstore.finish_evictions(self.models.models_root)    # a crash mid-eviction: finish it
         obj = self._wait_for_profile()
         if obj is None:
             return 1

@@ -48,9 +48,12 @@ def resolve(obj: dict, mount: Path) -> Resolved:
     doc = {k: obj.get(k) for k in ("apiVersion", "kind", "spec")}
     doc["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items() if k in ("name", "labels", "annotations")}
     p = from_dict(doc)
-    rel = PurePosixPath(model_dir(p)).relative_to(p.nodes.cache_mount)
-    return Resolved(p, generation(p), Path(mount) / rel,
-                    (obj.get("metadata") or {}).get("resourceVersion", ""))
+    return Resolved(p, generation(p), on_mount(p, mount), (obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def on_mount(p: WarmProfile, mount: Path) -> Path:
+    """Where profile (or model view) ``p``'s weights are on this node's NVMe mounted at ``mount``."""
+    return Path(mount) / PurePosixPath(model_dir(p)).relative_to(p.nodes.cache_mount)
 
 
 def region_for(p: WarmProfile, node: dict, imds_endpoint: str | None = None) -> str | None:
@@ -173,7 +176,10 @@ def watch_profile(api_client, name: str, resource_version: str, timeout_s: int):
     yield from watch_events(resp)
 
 
-def pods_on_node(api_client, node_name: str, profile: str) -> list[dict]:
-    """The profile's pods bound to this node (the kubelet's identity may list the pods of its node)."""
-    query = [("fieldSelector", f"spec.nodeName={node_name}"), ("labelSelector", f"nodewarm.io/profile={profile}")]
+def pods_on_node(api_client, node_name: str, profile: str | None = None) -> list[dict]:
+    """The pods bound to this node, the profile's only when ``profile`` is given (the kubelet's identity may list
+    the pods of its node)."""
+    query = [("fieldSelector", f"spec.nodeName={node_name}")]
+    if profile is not None:
+        query.append(("labelSelector", f"nodewarm.io/profile={profile}"))
     return _request(api_client, "GET", "/api/v1/pods", query).get("items", [])

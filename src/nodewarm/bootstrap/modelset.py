@@ -1,0 +1,381 @@
+"""The profile's further models on this node (spec.models, docs/models.md): warmed, reported, rolled and evicted.
+
+The first model, and every further one marked ``required``, is pulled before the node reports Warm (agent.py,
+``AgentConfig.extras``). The rest are this module's: once the node serves, one background thread pulls them in
+priority order, throttled (spec.weights.background: few connections, a bandwidth cap, the lowest CPU priority), so
+the serving pods' own I/O and CPU come first. The same thread rolls a further model to a new generation beside the
+old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes folders no
+pod uses any more.
+
+Everything the node holds is reported on its Node (names.MODELS_ANNOTATION, api.models.HeldModel); the controller
+alone turns that report into the models' labels, which the models' Deployments require. So a model's files go only
+after its label: the agent reports it ``evicting``, waits until the label is gone, looks again that no pod on the
+node mounts it (the API's pods, not a guess), and only then removes the folder, whole or not at all
+(modelstore.evict; a crash in between is finished at the next start).
+
+When a model does not fit, only models that matter less may make room: folders no current model of the profile
+uses (an old generation, a model taken out of the profile), then models of lower priority, least recently used
+first; never a required model, one a pod mounts, or one of equal or higher priority (which would only be pulled
+back, evicting this one in turn). If that is not enough the model is reported failed with reason NoCapacity and
+the sizes, and nothing on disk changes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+
+from nodewarm import logs
+from nodewarm.api import models as api_models
+from nodewarm.api.generation import generation
+from nodewarm.api.models import EVICTING, FAILED, NO_CAPACITY, PULLING, WARM, HeldModel
+from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
+from nodewarm.api.podlayout import MODELS_ROOT
+from nodewarm.api.timeutil import fmt_time_s
+from nodewarm.api.warmprofile import WarmProfile
+
+from . import modelstore, profilesource
+
+log = logs.get("bootstrap.models")
+
+# How long the agent waits for the controller to take a model's label off before it gives the eviction up.
+LABEL_GONE_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model the node should hold: a view of the profile (api.models), where its weights go, how it ranks."""
+
+    view: WarmProfile
+    dest: Path
+    generation: str
+    required: bool
+    priority: int
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+
+def targets(p: WarmProfile, mount: Path) -> tuple[Target, ...]:
+    """Every model of profile ``p`` in the order the node warms them (api.models.views), the first model first."""
+    return tuple(Target(v, profilesource.on_mount(v, mount), generation(v), api_models.required(p, v),
+                        api_models.priority(p, v))
+                 for v in api_models.views(p))
+
+
+def used_folders(pods: list[dict], cache_mount: str, mount: Path) -> set[Path]:
+    """The folders on this node's NVMe (``mount``, the host's ``cache_mount``) that a pod not finished mounts by
+    hostPath: a model folder is in use when one of these is it, inside it, or holds it."""
+    out = set()
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for vol in (pod.get("spec") or {}).get("volumes") or ():
+            path = ((vol or {}).get("hostPath") or {}).get("path")
+            if not path:
+                continue
+            try:
+                rel = PurePosixPath(path).relative_to(cache_mount)
+            except ValueError:
+                continue
+            out.add(Path(mount) / rel)
+    return out
+
+
+def in_use(folder: Path, used: set[Path]) -> bool:
+    return any(u == folder or folder in u.parents or u in folder.parents for u in used)
+
+
+def protected(target: Target, wanted: tuple[Target, ...], used: set[Path],
+              held: list[modelstore.Held]) -> dict[Path, str]:
+    """Folders that may not make room for ``target``, each with why (pure)."""
+    keep: dict[Path, str] = {target.dest: "being pulled"}
+    for t in wanted:
+        if t.required:
+            keep.setdefault(t.dest, "required")
+        elif t.priority >= target.priority and t.name != target.name:
+            keep.setdefault(t.dest, f"priority {t.priority} >= {target.priority}")
+    for h in held:
+        if in_use(h.path, used):
+            keep.setdefault(h.path, "in use by a pod on this node")
+    return keep
+
+
+class Book:
+    """What this node reports about its models (names.MODELS_ANNOTATION): kept here, written when it changed."""
+
+    def __init__(self, write):
+        self._write = write          # annotations -> None (nodestatus.report_progress with the agent's identity)
+        self._lock = threading.Lock()
+        self._models: dict[str, HeldModel] = {}
+        self._sent: str | None = None
+
+    def get(self, name: str) -> HeldModel | None:
+        with self._lock:
+            return self._models.get(name)
+
+    def all(self) -> tuple[HeldModel, ...]:
+        with self._lock:
+            return tuple(self._models.values())
+
+    def put(self, m: HeldModel) -> None:
+        with self._lock:
+            self._models[m.name] = m
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            self._models.pop(name, None)
+
+    def annotation(self) -> str:
+        with self._lock:
+            return api_models.encode(sorted(self._models.values(), key=lambda m: m.name))
+
+    def publish(self) -> bool:
+        """Write the report if it changed since the last write; whether it wrote. A failed write is logged and
+        tried again at the next change or round."""
+        text = self.annotation()
+        if text == self._sent:
+            return False
+        try:
+            self._write({MODELS_ANNOTATION: text})
+        except Exception as e:  # noqa: BLE001 - the report is retried; the models on disk are what they are
+            log.warning("models.report_failed", error=f"{type(e).__name__}: {str(e)[:200]}")
+            return False
+        self._sent = text
+        return True
+
+
+def _now() -> str:
+    return fmt_time_s(time.time())
+
+
+class ModelSet:
+    """The background worker for the profile's further models on this node (see the module doc).
+
+    ``follow(p)`` hands it the profile as it is now; ``round()`` is one pass (warm what is missing in order, then
+    remove what no model of the profile uses); the thread runs a round at each change and every ``opts.retry_s``."""
+
+    def __init__(self, api, opts, book: Book, stop: threading.Event, node_labels=None):
+        self.api, self.opt, self.book, self.stop = api, opts, book, stop
+        self.node_labels = dict(node_labels or {})
+        self._profile: WarmProfile | None = None
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        # What the worker did, for the demo and the tests: view name -> its last pull; folders evicted, in order.
+        self.results: dict[str, dict] = {}
+        self.evicted: list[str] = []
+
+    @property
+    def models_root(self) -> Path:
+        return self.opt.mount / MODELS_ROOT
+
+    def follow(self, p: WarmProfile, background: bool = True) -> None:
+        self._profile = p
+        self._wake.set()
+        if background and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="models", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self._wake.wait(self.opt.retry_s)
+            self._wake.clear()
+            if self.stop.is_set():
+                break
+            try:
+                self.round()
+            except Exception as e:  # noqa: BLE001 - one bad round must not end the worker; the next one retries
+                log.error("models.round_failed", error=f"{type(e).__name__}: {str(e)[:300]}", exc_info=True)
+
+    # -- one pass ------------------------------------------------------------------------------------------
+    def round(self) -> None:
+        p = self._profile
+        if p is None:
+            return
+        wanted = targets(p, self.opt.mount)
+        for t in wanted[1:]:        # the first model is the Follower's (its rewarm waits for its old pods)
+            if self.stop.is_set():
+                return
+            if not self._holds(t):
+                self._warm(p, t, wanted)
+        self._collect(p, wanted)
+        self.book.publish()
+
+    def _holds(self, t: Target) -> bool:
+        m = self.book.get(t.name)
+        return m is not None and m.state == WARM and m.generation == t.generation and (t.dest / ".nodewarm").is_dir()
+
+    def _warm(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> None:
+        from nodewarm.api.errors import NodewarmError
+
+        old = self.book.get(t.name)
+        serving = old is not None and old.state == WARM and old.generation != t.generation
+        pending = (replace(old, pending=t.generation, reason="", message="") if serving else
+                   HeldModel(t.name, PULLING, key=t.dest.name, required=t.required, priority=t.priority,
+                             pending=t.generation))
+        try:
+            short = self._make_room(p, t, wanted)
+            if short is not None:
+                self._failed(t, pending, old, serving, NO_CAPACITY, short)
+                return
+            self.book.put(pending)
+            self.book.publish()
+            summary = self._pull(p, t)
+        except NodewarmError as e:
+            self._failed(t, pending, old, serving, e.reason, " ".join(str(e).split()))
+            return
+        cache = self._compile_cache(p, t)
+        self.results[t.name] = {"generation": t.generation, "downloadedBytes": summary.downloaded_bytes,
+                                "linkedFiles": getattr(summary, "linked_files", 0),
+                                "linkedBytes": getattr(summary, "linked_bytes", 0),
+                                "files": summary.files, "bytes": summary.bytes, "compileCache": cache}
+        modelstore.touch_used(t.dest, time.time())
+        self.book.put(HeldModel(t.name, WARM, t.generation, key=t.dest.name, bytes=summary.bytes,
+                                required=t.required, priority=t.priority, last_used=_now()))
+        self.book.publish()
+        log.info("models.warm", model=t.name, generation=t.generation, previous=old.generation if serving else None,
+                 **{k: v for k, v in self.results[t.name].items() if k != "generation"})
+
+    def _failed(self, t: Target, pending: HeldModel, before: HeldModel | None, serving: bool, reason: str,
+                message: str) -> None:
+        """The model stays as it was (the old generation keeps serving during a roll) and says why."""
+        if before is None or (before.reason, before.message) != (reason, message):     # said once, not each round
+            log.error("models.not_warm", model=t.name, generation=t.generation, reason=reason, message=message)
+        if serving:
+            self.book.put(replace(pending, reason=reason, message=message))
+        else:
+            self.book.put(replace(pending, state=FAILED, reason=reason, message=message))
+        self.book.publish()
+
+    def _pull(self, p: WarmProfile, t: Target):
+        from .weights import WeightsConfig, warm_weights
+        from .weights.background import pull_overrides
+
+        others = tuple(h.path for h in modelstore.held(self.models_root) if h.complete and h.path != t.dest)
+        return warm_weights(WeightsConfig(
+            uri=t.view.model.uri, dest=t.dest, allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
+            host_root=self.opt.host_root, load_check=self.opt.load_check, stop=self.stop, link_from=others,
+            headroom=self.opt.headroom, pull_overrides=pull_overrides(p.weights.background)))
+
+    def _compile_cache(self, p: WarmProfile, t: Target) -> str:
+        """This model's compile-cache bundle beside the others' (best effort: a cold cache only makes its first
+        compile slower). The publisher's hit/miss baseline stays the first model's."""
+        if not p.compile_cache.verify_key:
+            return "cold NoVerifyKey"
+        from nodewarm.api.servingspec import serving_spec
+
+        from .agent import node_cache_dirs
+        from .compilecache import restore
+
+        r = restore.restore_for_node(p.compile_cache.uri, p.compile_cache.verify_key, serving_spec(t.view),
+                                     node_cache_dirs(self.opt.mount), self.opt.runtime, host_root=self.opt.host_root,
+                                     node_labels=self.node_labels)
+        return f"{r.status} {r.reason}"
+
+    # -- room ----------------------------------------------------------------------------------------------
+    def _bytes(self, t: Target) -> int:
+        if t.view.model.size_gb is not None:
+            return int(t.view.model.size_gb * 1e9)
+        from .s3client import make_client
+        from .weights import listing, manifest, s3pull
+
+        retry = s3pull.PullConfig().retry
+        listed, _ = listing.list_keys(make_client(1, 5.0, 30.0), manifest.parse_s3_uri(t.view.model.uri), retry)
+        return sum(o.size for o in listed)
+
+    def _used(self, p: WarmProfile) -> set[Path]:
+        return used_folders(profilesource.pods_on_node(self.api, self.opt.node_name), p.nodes.cache_mount,
+                            self.opt.mount)
+
+    def _make_room(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> str | None:
+        """None when ``t`` fits, after evicting what may go; else why not, with the sizes (nothing evicted)."""
+        from .weights import capacity
+
+        need = self._bytes(t)
+        need += self.opt.headroom.for_bytes(need)
+        t.dest.parent.mkdir(parents=True, exist_ok=True)
+        free = capacity.free_space(str(t.dest.parent)).free_bytes
+        if need <= free:
+            return None
+        held = [h for h in modelstore.held(self.models_root) if h.path != t.dest]
+        keep = protected(t, wanted, self._used(p), held)
+        plan = modelstore.plan_eviction(held, need, free, keep)
+        if not plan.ok:
+            return f"{t.name}: {plan.message}"
+        for h in plan.evict:
+            if not self._evict(p, h):
+                return (f"{t.name}: {need / 1e9:.2f} GB needed with headroom, {free / 1e9:.2f} GB free; evicting "
+                        f"{h.view}/{h.key} was given up (see the agent's log)")
+        return None
+
+    def _evict(self, p: WarmProfile, h: modelstore.Held) -> bool:
+        """Label first (through the controller), then a last look at the pods, then the folder, whole."""
+        name = h.view
+        m = self.book.get(name)
+        labelled = m is not None and m.key == h.key and m.state in (WARM, EVICTING)
+        if labelled:
+            self.book.put(replace(m, state=EVICTING, reason="", message="making room for another model"))
+            self.book.publish()
+            if not self._label_gone(name):
+                log.warning("models.evict_given_up", model=name, why="the controller did not take its label off "
+                            f"within {LABEL_GONE_WAIT_S:.0f}s")
+                self.book.put(m)
+                self.book.publish()
+                return False
+        if in_use(h.path, self._used(p)):
+            log.warning("models.evict_given_up", model=name, why="a pod on this node mounts it now")
+            if labelled:
+                self.book.put(m)
+                self.book.publish()
+            return False
+        modelstore.evict(self.models_root, h.path)
+        if labelled:
+            self.book.drop(name)
+            self.book.publish()
+        log.info("models.evicted", model=name, folder=str(h.path), bytes=h.bytes)
+        self.evicted.append(f"{name}/{h.key}")
+        return True
+
+    def _label_gone(self, name: str) -> bool:
+        key = f"{MODEL_LABEL_PREFIX}{name}"
+        deadline = time.monotonic() + LABEL_GONE_WAIT_S
+        while not self.stop.is_set():
+            labels = (profilesource.get_node(self.api, self.opt.node_name).get("metadata") or {}).get("labels") or {}
+            if key not in labels:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self.stop.wait(0.5)
+        return False
+
+    # -- clean-up ------------------------------------------------------------------------------------------
+    def _collect(self, p: WarmProfile, wanted: tuple[Target, ...]) -> None:
+        """Folders of further models that no model of the profile wants now (an old generation after a roll, a
+        model taken out) go once no pod mounts them; the folders in use are marked used now (the LRU's clock)."""
+        keep = {t.dest for t in wanted}
+        used = self._used(p)
+        now = time.time()
+        for h in modelstore.held(self.models_root):
+            busy = in_use(h.path, used)
+            if busy:
+                modelstore.touch_used(h.path, now)
+                m = self.book.get(h.view)
+                if m is not None and m.key == h.key:
+                    self.book.put(replace(m, last_used=_now()))
+            first = h.view == p.name          # the first model's old folders are Follower.collect_garbage's
+            mine = h.view.startswith(f"{p.name}-")
+            if h.path in keep or busy or first or not mine:
+                continue
+            self._evict(p, h)
+        names = {t.name for t in wanted}
+        for m in self.book.all():
+            if m.name not in names and not (self.models_root / m.name).exists():
+                self.book.drop(m.name)

@@ -1,0 +1,217 @@
+"""Many models on one profile's nodes (spec.models, docs/models.md), end to end on the real parts: the local API
+server, the S3 server, node agents as their nodes (kubelet identities), the nodewarm controller as its own
+ServiceAccount (it alone sets the model labels), and the real kube-scheduler placing two models' Deployments by them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support.builders import NO_CACHE, v
+from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model
+from support.controller_fixtures import wait_for
+from nodewarm import profile
+from nodewarm.api import models
+from nodewarm.api.generation import generation
+from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION, PROFILE_LABEL
+from nodewarm.bootstrap import modelset
+from nodewarm.bootstrap.weights.capacity import Headroom, free_space
+from nodewarm.controller.kube import NODES, Resource
+
+pytestmark = [pytest.mark.kube, pytest.mark.s3]
+PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
+POOL = "models-pool"
+MiB = 1 << 20
+
+
+def serving_node(k, fresh_node, name: str, profile_name: str, gpus: int = 4):
+    """A node of the profile that already serves: Ready, GPUs allocatable, no startup taint."""
+    fresh_node(name, [], labels={"karpenter.sh/nodepool": POOL, PROFILE_LABEL: profile_name})
+    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    k.request("PATCH", NODES.path(name, sub="status"), body={"status": {"conditions": [ready], "capacity": res,
+                                                                          "allocatable": res}},
+              content_type="application/strategic-merge-patch+json")
+    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
+
+
+def report(k, node) -> dict[str, models.HeldModel]:
+    return models.decode((k.get(NODES, node)["metadata"].get("annotations") or {}).get(MODELS_ANNOTATION))
+
+
+def model_labels(k, node) -> dict[str, str]:
+    return {key: val for key, val in (k.get(NODES, node)["metadata"].get("labels") or {}).items()
+            if key.startswith(MODEL_LABEL_PREFIX)}
+
+
+def view(doc, name):
+    p = profile.from_dict(doc)
+    return next(x for x in models.views(p) if x.name == f"{p.name}-{name}")
+
+
+@dataclass(frozen=True)
+class SmallNVMe(Headroom):
+    """A pull headroom that leaves the node's models ``room`` bytes in all under ``mount``, whatever else this
+    machine writes meanwhile: the free space less what the models may still take."""
+
+    mount: Path = Path("/nonexistent")
+    room: int = 0
+
+    def for_bytes(self, need: int) -> int:
+        seen, used = set(), 0
+        for f in self.mount.rglob("*"):
+            st = f.lstat()
+            if f.is_file() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                used += st.st_blocks * 512
+        return max(0, free_space(str(self.mount)).free_bytes - (self.room - used))
+
+
+def budget(tmp_path, node: str, room_bytes: int) -> SmallNVMe:
+    mount = tmp_path / f"nvme-{node}"       # RunningAgent's
+    mount.mkdir(exist_ok=True)
+    return SmallNVMe(fraction=0, minimum_bytes=0, mount=mount, room=room_bytes)
+
+
+def test_two_models_each_labelled_where_warm_and_the_scheduler_places_each_deployment_by_its_label(
+        scheduling, kube, k, admin, aws_env, fresh_node, warmprofile, kubelet_pulls, controller_as_sa, tmp_path):
+    from nodewarm.kubeapply import apply
+    from nodewarm.nodeclasses import vllm
+
+    ns = "models-place"
+    try:
+        k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": ns}})
+    except Exception:
+        pass
+    doc = v(metadata__name="multi-a", spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True,
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=11)), "sizeGB": 0.0011},
+            spec__nodes__nodePool=POOL, spec__serving__tensorParallelSize=1, spec__serving__namespace=ns,
+            spec__serving__replicas=2,
+            spec__models=[{"name": "b", "uri": put_model(aws_env, model_files(shards=2, mib_per_shard=4, seed=12)),
+                           "sizeGB": 0.0085, "replicas": 2}])
+    b = view(doc, "b")
+    warmprofile(doc)
+    # node-m2's NVMe has room for the first model only: the second is reported NoCapacity there, nothing evicted.
+    serving_node(k, fresh_node, "node-m1", "multi-a")
+    serving_node(k, fresh_node, "node-m2", "multi-a")
+    kubelet_pulls(doc, "node-m1")
+    kubelet_pulls(doc, "node-m2")
+    small = Running(kube, tmp_path, "node-m2", "multi-a", headroom=budget(tmp_path, "node-m2", 5 * MiB))
+    try:
+        failed = wait_for(lambda: (m := report(k, "node-m2").get(b.name)) and m.state == models.FAILED and m, 60,
+                          what="the second model NoCapacity on the small node")
+        assert failed.reason == models.NO_CAPACITY and "GiB needed" in failed.message, failed
+        assert report(k, "node-m2")["multi-a"].state == models.WARM
+        assert not any((small.mount / "nodewarm" / "models" / b.name).glob("*/*.safetensors"))
+        big = Running(kube, tmp_path, "node-m1", "multi-a")
+        try:
+            wait_for(lambda: model_labels(k, "node-m1") == {models.label_key(b): generation(b)}, 60,
+                     what="the controller labels node-m1 for the second model")
+            assert model_labels(k, "node-m2") == {}
+            held = report(k, "node-m1")
+            assert held[b.name].state == models.WARM and held[b.name].bytes > 8 * MiB and held[b.name].last_used
+
+            # Both Deployments as rendered: the second model's pods land only where the second model is warm.
+            p = profile.from_dict(doc)
+            apply(admin, [vllm.deployment(p), vllm.deployment(b)])
+            placed = wait_for(lambda: (got := bound(k, ns)) and len(got) == 4 and got, 90, what="four pods bound")
+            assert {n for pod, n in placed.items() if pod.startswith(f"{b.name}-vllm")} == {"node-m1"}, placed
+            # node-m2 had room for them (4 GPUs each, 1 per pod): only the label kept them off.
+            assert sum(n == "node-m1" for n in placed.values()) >= 2
+        finally:
+            big.close()
+    finally:
+        small.close()
+        for name in (f"{doc['metadata']['name']}-vllm", f"{b.name}-vllm"):
+            try:
+                k.request("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
+            except Exception:
+                pass
+        for pod in k.list(PODS, ns)["items"]:
+            k.request("DELETE", PODS.path(pod["metadata"]["name"], ns), body={"gracePeriodSeconds": 0})
+
+
+def bound(k, ns: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in k.list(PODS, ns)["items"] if p["spec"].get("nodeName")}
+
+
+def using(k, name: str, node: str, folder_on_host: str) -> None:
+    """A pod bound to ``node`` that mounts a model's folder, as a vLLM pod does."""
+    k.create(PODS, {"metadata": {"name": name}, "spec": {
+        "nodeName": node, "containers": [{"name": "c", "image": "pause"}],
+        "volumes": [{"name": "w", "hostPath": {"path": folder_on_host}}]}}, "default")
+
+
+def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what_did_not_change(
+        kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls, controller_as_sa, tmp_path):
+    from nodewarm.api.podlayout import model_dir
+
+    c_uri = put_model(aws_env, model_files(shards=2, mib_per_shard=4, seed=21))
+    d_files = model_files(shards=3, mib_per_shard=1.5, seed=22)
+    doc = v(metadata__name="multi-e", spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True,
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=20)), "sizeGB": 0.0011},
+            spec__nodes__nodePool=POOL, spec__serving__tensorParallelSize=1,
+            spec__models=[{"name": "c", "uri": c_uri, "sizeGB": 0.0085, "priority": 1}])
+    c = view(doc, "c")
+    warmprofile(doc)
+    serving_node(k, fresh_node, "node-m3", "multi-e")
+    kubelet_pulls(doc, "node-m3")
+    # 12 MiB for models: the first (1 MiB) and c (8 MiB), or the first and d (4.5 MiB) twice during its roll, but
+    # never c and d together.
+    agent = Running(kube, tmp_path, "node-m3", "multi-e", headroom=budget(tmp_path, "node-m3", 12 * MiB), retry_s=1)
+    try:
+        wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(c): generation(c)}, 60,
+                 what="model c warm and labelled")
+        c_dir = modelset.targets(profile.from_dict(doc), agent.mount)[1].dest
+        using(k, "uses-c", "node-m3", model_dir(c))
+
+        # d matters more than c (priority 5), but a pod mounts c: d does not fit, and nothing changes on disk.
+        with_d = copy.deepcopy(doc)
+        with_d["spec"]["models"].append({"name": "d", "uri": put_model(aws_env, d_files), "sizeGB": 0.0048,
+                                         "priority": 5})
+        d = view(with_d, "d")
+        warmprofile(with_d)
+        failed = wait_for(lambda: (m := report(k, "node-m3").get(d.name)) and m.state == models.FAILED and m, 60,
+                          what="d NoCapacity while c is in use")
+        assert failed.reason == models.NO_CAPACITY and "in use by a pod" in failed.message, failed
+        assert c_dir.is_dir() and model_labels(k, "node-m3")[models.label_key(c)] == generation(c)
+
+        # The pod goes: c is evicted (its label first, then its folder, whole) and d pulled.
+        k.request("DELETE", PODS.path("uses-c", "default"), body={"gracePeriodSeconds": 0})
+        wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(d): generation(d)}, 60,
+                 what="c evicted and d labelled")
+        assert not c_dir.exists()
+        # c is still in the profile, but d matters more: c is not pulled back (which would evict d in turn).
+        back = wait_for(lambda: (m := report(k, "node-m3").get(c.name)) and m.state == models.FAILED and m, 30,
+                        what="c reported NoCapacity")
+        assert f"{d.name}/" in back.message and "priority 5 >= 1" in back.message, back
+        assert not any((agent.mount / "nodewarm" / "models" / ".evicting").glob("*"))
+        assert agent.follower.models.evicted == [f"{c.name}/{c_dir.name}"]
+
+        # d rolls to a new version with one shard changed: two shards and the small files are linked, not pulled.
+        d2_files = dict(d_files, **{"model-00002-of-00003.safetensors": model_files(shards=3, mib_per_shard=1.5,
+                                                                                    seed=23)["model-00002-of-00003.safetensors"]})
+        rolled = copy.deepcopy(with_d)
+        rolled["spec"]["models"][1]["uri"] = put_model(aws_env, d2_files)
+        rolled["spec"]["models"] = rolled["spec"]["models"][1:]       # and c leaves the profile
+        d2 = view(rolled, "d")
+        warmprofile(rolled)
+        wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(d2): generation(d2)}, 60,
+                 what="d's label switched to the new generation")
+        done = agent.follower.models.results[d2.name]
+        assert done["linkedFiles"] == len(d_files) - 1 and done["downloadedBytes"] == len(
+            d2_files["model-00002-of-00003.safetensors"]), done
+        d_dirs = {t.name: t.dest for t in modelset.targets(profile.from_dict(rolled), agent.mount)}
+        old_d = modelset.targets(profile.from_dict(with_d), agent.mount)[2].dest
+        wait_for(lambda: not old_d.exists(), 30, what="d's old folder removed: no pod used it")
+        assert d_dirs[d2.name].is_dir()
+    finally:
+        agent.close()
+        try:
+            k.request("DELETE", PODS.path("uses-c", "default"), body={"gracePeriodSeconds": 0})
+        except Exception:
+            pass
