@@ -33,6 +33,16 @@ Writes OUT/timeline.json and OUT/timeline.png (a lane per phase, the no-warm bas
 Exit codes: 0 every replica bound, each after its node's taint was lifted; 1 otherwise (a pod bound too
 early, a replica not bound, a step that failed). Everything it starts is stopped at the end, also on
 Ctrl-C. Needs the setup done by scripts/setup.sh.
+
+--models 2 (spec.models, docs/models.md) runs another flow on the same servers: a profile with a second
+model, not required, so the taint waits for the first model only and the second warms in the background on
+each node (4-GPU nodes: one pod of each model per node). The node agents follow the profile in this process.
+It shows per node when the taint lifted and each model was reported warm and labelled, the scheduler placing
+each model's pods only on nodes labelled for it, with vLLM one completion from each model on one node (two
+boots, a few minutes), then a roll of the second model (one safetensors shard changed, a new S3 prefix):
+per node what was linked, pulled and removed, and its label switching to the new generation. No compile
+cache is seeded and no baseline is measured. Writes OUT/models.json; exit 0 when every pod landed on a node
+labelled for its model and the roll finished on every node.
 """
 
 
@@ -57,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         log_file=Path(args.log_file) if args.log_file else None, scheduler_max_backoff_s=args.scheduler_max_backoff,
         s3_engine=args.s3,
     )
+    if args.models == 2:
+        from .models import run_models_demo
+
+        return run_models_demo(opts, sys.stdout)
     return run_demo(opts, sys.stdout)
 
 
@@ -66,6 +80,9 @@ def register(sub) -> None:
     d.add_argument("--engine", choices=["vllm", "probe"], default="vllm",
                    help="what serves on each node (default vllm: real vLLM from .venv-serving; probe: a torch.compile "
                         "call against the restored cache)")
+    d.add_argument("--models", type=int, choices=[1, 2], default=1,
+                   help="models per node (default 1: the demo above; 2: a second model warmed in the background, "
+                        "served beside the first, then rolled: see HELP)")
     d.add_argument("--nodes", type=int, help="nodes in the simulated scale-up (default 1 with vllm, 3 with probe)")
     d.add_argument("--model-mb", type=int, help="--engine probe: size of the model-like safetensors set (default 1024)")
     d.add_argument("--out", default="out/demo", help="where timeline.json and timeline.png go (default out/demo)")

@@ -175,8 +175,13 @@ def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dic
 
 def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "probe",
                  port: int = 8000) -> WarmProfile:
-    """With vLLM: a publisher sidecar (the seed bundle's producer and the hit proof) and Pod Identity, so the
-    start script may stream from S3 on a cold node (its cold path, which the baseline takes)."""
+    return checked_profile(demo_profile_doc(size_gb, verify_key, nodes, engine, port))
+
+
+def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = "probe", port: int = 8000) -> dict:
+    """The demo's WarmProfile document (models.py adds spec.models to it). With vLLM: a publisher sidecar (the seed
+    bundle's producer and the hit proof) and Pod Identity, so the start script may stream from S3 on a cold node
+    (its cold path, which the baseline takes)."""
     doc = {
         "apiVersion": "nodewarm.io/v1alpha1", "kind": "WarmProfile", "metadata": {"name": PROFILE_NAME},
         "spec": {
@@ -203,6 +208,10 @@ def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "pro
                                              "quietSeconds": 5}
         spec["aws"] = {"identity": "podIdentity", "clusterName": "demo",
                        "publisherRoleArn": "arn:aws:iam::111122223333:role/nodewarm-publisher-demo"}
+    return doc
+
+
+def checked_profile(doc: dict) -> WarmProfile:
     p = profile.from_dict(doc)
     from nodewarm import instancetypes
 
