@@ -10,7 +10,7 @@ import copy
 import pytest
 
 from support.builders import NO_CACHE, v
-from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model
+from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model, serving_node
 from support.controller_fixtures import wait_for
 from nodewarm import profile
 from nodewarm.api import generation
@@ -38,19 +38,6 @@ def test_older_pods_are_the_running_ones_of_another_generation():
     assert older_pods(pods, "g2") == ["old"]
 
 
-def serving_node(k, fresh_node, name: str, gpus: int):
-    """A node that already serves: registered, Ready, GPUs allocatable, no startup taint left."""
-    fresh_node(name, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}], labels={"karpenter.sh/nodepool": POOL})
-    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    k.request("PATCH", NODES.path(name, sub="status"), body={"status": {"conditions": [ready], "capacity": res,
-                                                                          "allocatable": res}},
-              content_type="application/strategic-merge-patch+json")
-    # The API server adds node.kubernetes.io/not-ready at creation; the node lifecycle controller (not run
-    # here) lifts it once Ready, as on a real cluster.
-    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
-
-
 def label(k, node):
     return (k.get(NODES, node)["metadata"].get("labels") or {}).get(GENERATION_LABEL)
 
@@ -74,7 +61,7 @@ def test_a_model_change_is_warmed_beside_the_old_one_and_the_old_weights_go_when
     v2 = copy.deepcopy(v1)
     v2["spec"]["model"]["uri"] = put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=2))
     v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
-    serving_node(k, fresh_node, "node-3", gpus=2)
+    serving_node(k, fresh_node, "node-3", {"karpenter.sh/nodepool": POOL}, gpus=2)
     warmprofile(v1)
     kubelet_pulls(v1, "node-3")
     agent = Running(kube, tmp_path, "node-3", "follow-a")
@@ -130,8 +117,8 @@ def test_a_rolling_update_lands_new_pods_only_on_nodes_warm_for_the_new_generati
            spec__model__sizeGB=0.002)
     v2 = copy.deepcopy(v1)
     v2["spec"]["serving"]["image"] = "vllm/vllm-openai:v0.22.0"
-    serving_node(k, fresh_node, "node-3", gpus=4)       # its agent warmed once and is not following (stays gen 1)
-    serving_node(k, fresh_node, "node-4", gpus=4)       # its agent follows the profile
+    serving_node(k, fresh_node, "node-3", {"karpenter.sh/nodepool": POOL})  # its agent warmed once, stays on gen 1
+    serving_node(k, fresh_node, "node-4", {"karpenter.sh/nodepool": POOL})  # its agent follows the profile
     warmprofile(v1)
     kubelet_pulls(v1, "node-3")
     kubelet_pulls(v1, "node-4")

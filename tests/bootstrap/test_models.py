@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.builders import NO_CACHE, v
-from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model
+from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model, serving_node
 from support.controller_fixtures import wait_for
 from nodewarm import profile
 from nodewarm.api import models
@@ -28,15 +28,8 @@ POOL = "models-pool"
 MiB = 1 << 20
 
 
-def serving_node(k, fresh_node, name: str, profile_name: str, gpus: int = 4):
-    """A node of the profile that already serves: Ready, GPUs allocatable, no startup taint."""
-    fresh_node(name, [], labels={"karpenter.sh/nodepool": POOL, PROFILE_LABEL: profile_name})
-    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
-    k.request("PATCH", NODES.path(name, sub="status"), body={"status": {"conditions": [ready], "capacity": res,
-                                                                          "allocatable": res}},
-              content_type="application/strategic-merge-patch+json")
-    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
+def pool_node(k, fresh_node, name: str, profile_name: str) -> None:
+    serving_node(k, fresh_node, name, {"karpenter.sh/nodepool": POOL, PROFILE_LABEL: profile_name})
 
 
 def report(k, node) -> dict[str, models.HeldModel]:
@@ -96,8 +89,8 @@ def test_two_models_each_labelled_where_warm_and_the_scheduler_places_each_deplo
     b = view(doc, "b")
     warmprofile(doc)
     # node-m2's NVMe has room for the first model only: the second is reported NoCapacity there, nothing evicted.
-    serving_node(k, fresh_node, "node-m1", "multi-a")
-    serving_node(k, fresh_node, "node-m2", "multi-a")
+    pool_node(k, fresh_node, "node-m1", "multi-a")
+    pool_node(k, fresh_node, "node-m2", "multi-a")
     kubelet_pulls(doc, "node-m1")
     kubelet_pulls(doc, "node-m2")
     small = Running(kube, tmp_path, "node-m2", "multi-a", headroom=budget(tmp_path, "node-m2", 5 * MiB))
@@ -136,7 +129,8 @@ def test_two_models_each_labelled_where_warm_and_the_scheduler_places_each_deplo
 
 
 def bound(k, ns: str) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in k.list(PODS, ns)["items"] if p["spec"].get("nodeName")}
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in k.list(PODS, ns)["items"]
+            if p["spec"].get("nodeName")}
 
 
 def using(k, name: str, node: str, folder_on_host: str) -> None:
@@ -158,14 +152,20 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
             spec__models=[{"name": "c", "uri": c_uri, "sizeGB": 0.0085, "priority": 1}])
     c = view(doc, "c")
     warmprofile(doc)
-    serving_node(k, fresh_node, "node-m3", "multi-e")
+    pool_node(k, fresh_node, "node-m3", "multi-e")
     kubelet_pulls(doc, "node-m3")
     # 12 MiB for models: the first (1 MiB) and c (8 MiB), or the first and d (4.5 MiB) twice during its roll, but
     # never c and d together.
-    agent = Running(kube, tmp_path, "node-m3", "multi-e", headroom=budget(tmp_path, "node-m3", 12 * MiB), retry_s=1)
+    small = budget(tmp_path, "node-m3", 12 * MiB)
+    # What a crash in the middle of an earlier eviction left: the next start finishes it before anything else.
+    crashed = small.mount / "nodewarm" / "models" / ".evicting" / "multi-e-c-0123456789ab-0"
+    crashed.mkdir(parents=True)
+    (crashed / "model.safetensors").write_bytes(b"\0" * MiB)
+    agent = Running(kube, tmp_path, "node-m3", "multi-e", headroom=small, retry_s=1)
     try:
         wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(c): generation(c)}, 60,
                  what="model c warm and labelled")
+        assert not crashed.exists()
         c_dir = modelset.targets(profile.from_dict(doc), agent.mount)[1].dest
         using(k, "uses-c", "node-m3", model_dir(c))
 
@@ -193,8 +193,8 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
         assert agent.follower.models.evicted == [f"{c.name}/{c_dir.name}"]
 
         # d rolls to a new version with one shard changed: two shards and the small files are linked, not pulled.
-        d2_files = dict(d_files, **{"model-00002-of-00003.safetensors": model_files(shards=3, mib_per_shard=1.5,
-                                                                                    seed=23)["model-00002-of-00003.safetensors"]})
+        changed = "model-00002-of-00003.safetensors"
+        d2_files = {**d_files, changed: model_files(shards=3, mib_per_shard=1.5, seed=23)[changed]}
         rolled = copy.deepcopy(with_d)
         rolled["spec"]["models"][1]["uri"] = put_model(aws_env, d2_files)
         rolled["spec"]["models"] = rolled["spec"]["models"][1:]       # and c leaves the profile
@@ -203,8 +203,7 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
         wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(d2): generation(d2)}, 60,
                  what="d's label switched to the new generation")
         done = agent.follower.models.results[d2.name]
-        assert done["linkedFiles"] == len(d_files) - 1 and done["downloadedBytes"] == len(
-            d2_files["model-00002-of-00003.safetensors"]), done
+        assert done["linkedFiles"] == len(d_files) - 1 and done["downloadedBytes"] == len(d2_files[changed]), done
         d_dirs = {t.name: t.dest for t in modelset.targets(profile.from_dict(rolled), agent.mount)}
         old_d = modelset.targets(profile.from_dict(with_d), agent.mount)[2].dest
         wait_for(lambda: not old_d.exists(), 30, what="d's old folder removed: no pod used it")

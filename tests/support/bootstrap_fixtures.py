@@ -170,3 +170,18 @@ class RunningAgent:
         self.stop.set()
         self.thread.join(30)
         assert not self.thread.is_alive(), "the agent did not stop"
+
+
+def serving_node(k, fresh_node, name: str, labels: dict[str, str], gpus: int = 4) -> None:
+    """A node that already serves: registered, Ready, GPUs allocatable, no startup taint left."""
+    from nodewarm.controller.kube import NODES
+
+    fresh_node(name, [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}], labels=labels)
+    res = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    k.request("PATCH", NODES.path(name, sub="status"), body={"status": {"conditions": [ready], "capacity": res,
+                                                                          "allocatable": res}},
+              content_type="application/strategic-merge-patch+json")
+    # The API server adds node.kubernetes.io/not-ready at creation; the node lifecycle controller (not run
+    # here) lifts it once Ready, as on a real cluster.
+    k.merge_patch(NODES, name, {"spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}})
