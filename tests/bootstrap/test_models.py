@@ -214,3 +214,44 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
             k.request("DELETE", PODS.path("uses-c", "default"), body={"gracePeriodSeconds": 0})
         except Exception:
             pass
+
+
+def test_a_models_files_stay_until_its_label_is_gone(kube, k, aws_env, fresh_node, warmprofile, kubelet_pulls,
+                                                      tmp_path):
+    """No controller here: the test plays its part by hand, so the order is seen. The agent asks (evicting), the
+    files stay while the label does, and go only once it is off; a label that never goes gives the eviction up."""
+    import time
+
+    doc = v(metadata__name="multi-l", spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True,
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=30)), "sizeGB": 0.0011},
+            spec__nodes__nodePool=POOL, spec__serving__tensorParallelSize=1,
+            spec__models=[{"name": "c", "uri": put_model(aws_env, model_files(shards=2, mib_per_shard=4, seed=31)),
+                           "sizeGB": 0.0085, "priority": 1}])
+    c = view(doc, "c")
+    warmprofile(doc)
+    pool_node(k, fresh_node, "node-m3", "multi-l")
+    kubelet_pulls(doc, "node-m3")
+    agent = Running(kube, tmp_path, "node-m3", "multi-l", headroom=budget(tmp_path, "node-m3", 12 * MiB),
+                    retry_s=1, label_wait_s=4)
+    try:
+        wait_for(lambda: (m := report(k, "node-m3").get(c.name)) and m.state == models.WARM, 60, what="c warm")
+        k.merge_patch(NODES, "node-m3", {"metadata": {"labels": {models.label_key(c): generation(c)}}})
+        c_dir = modelset.targets(profile.from_dict(doc), agent.mount)[1].dest
+        with_d = copy.deepcopy(doc)
+        d_uri = put_model(aws_env, model_files(shards=3, mib_per_shard=1.5, seed=32))
+        with_d["spec"]["models"].append({"name": "d", "uri": d_uri, "sizeGB": 0.0048, "priority": 5})
+        warmprofile(with_d)
+        wait_for(lambda: report(k, "node-m3")[c.name].state == models.EVICTING, 30, what="c reported evicting")
+        time.sleep(2)
+        assert c_dir.is_dir() and report(k, "node-m3")[c.name].state == models.EVICTING, "files went before the label"
+        # The label never goes: the agent gives the eviction up, and c is back as it was.
+        wait_for(lambda: report(k, "node-m3")[c.name].state == models.WARM, 30, what="c warm again")
+        assert c_dir.is_dir()
+        # Now as the controller does when it reads `evicting`: the label goes, then the files.
+        wait_for(lambda: report(k, "node-m3")[c.name].state == models.EVICTING, 30, what="c evicting again")
+        k.request("PATCH", NODES.path("node-m3"), body=[{"op": "remove", "path": "/metadata/labels/" +
+                                                         models.label_key(c).replace("/", "~1")}],
+                  content_type="application/json-patch+json")
+        wait_for(lambda: not c_dir.exists(), 30, what="c's folder removed once its label is off")
+    finally:
+        agent.close()

@@ -57,6 +57,7 @@ class FollowOptions:
     state_dir: Path | None = None   # launcher failure records in, agent-result.json out
     gpu_wait_s: float | None = None     # None: gpuwait.GPU_WAIT_S
     headroom: Headroom = field(default_factory=Headroom)   # space every pull leaves free on the NVMe
+    label_wait_s: float = 60.0      # an eviction waits this long for the controller to take the model's label off
 
 
 def streamer_tuning(p: WarmProfile) -> StreamerTuning:

@@ -40,9 +40,6 @@ from . import modelstore, profilesource
 
 log = logs.get("bootstrap.models")
 
-# How long the agent waits for the controller to take a model's label off before it gives the eviction up.
-LABEL_GONE_WAIT_S = 60.0
-
 
 @dataclass(frozen=True)
 class Target:
@@ -326,7 +323,7 @@ class ModelSet:
             self.book.publish()
             if not self._label_gone(name):
                 log.warning("models.evict_given_up", model=name, why="the controller did not take its label off "
-                            f"within {LABEL_GONE_WAIT_S:.0f}s")
+                            f"within {self.opt.label_wait_s:.0f}s")
                 self.book.put(m)
                 self.book.publish()
                 return False
@@ -346,7 +343,7 @@ class ModelSet:
 
     def _label_gone(self, name: str) -> bool:
         key = f"{MODEL_LABEL_PREFIX}{name}"
-        deadline = time.monotonic() + LABEL_GONE_WAIT_S
+        deadline = time.monotonic() + self.opt.label_wait_s
         while not self.stop.is_set():
             labels = (profilesource.get_node(self.api, self.opt.node_name).get("metadata") or {}).get("labels") or {}
             if key not in labels:
