@@ -42,6 +42,7 @@ from nodewarm.api.generation import generation
 from nodewarm.api.models import WARM
 from nodewarm.api.names import GENERATION_LABEL, MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.bootstrap.follow import Follower, FollowOptions
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
@@ -157,15 +158,13 @@ def apply_profile(admin, p: WarmProfile, engine: str) -> tuple[list[dict], list]
 @dataclass
 class Agent:
     """One node's agent: the real Follower in a thread, as the systemd unit runs it."""
-    follower: object
+    follower: Follower
     thread: threading.Thread
     mount: Path
 
 
 def start_agent(srv: servers.Servers, p: WarmProfile, node: str, mount: Path, stop: threading.Event) -> Agent:
     from kubernetes import config
-
-    from nodewarm.bootstrap.follow import Follower, FollowOptions
 
     kcfg = srv.kube.write_kubeconfig(srv.workdir / f"kubeconfig-{node}", srv.kube.node_token(node),
                                      f"system:node:{node}")
@@ -468,11 +467,13 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     summary["pods"] = list(observer.placed.values())
     summary["finishedPods"] = observer.finished
     summary["ok"] = (not [x for x in summary["pods"] if x["nodeLabel"] != x["wants"]]
+                     and all(x["startPath"] == "local" for x in summary["served"].values())
                      and all(r["oldFolderGone"] and r["labelSwitched"] for r in summary["roll"]["nodes"].values()))
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     (opts.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-    say(f"\n{'OK' if summary['ok'] else 'NOT OK'}: every pod on a node labelled for its model, the roll linked what "
-        f"did not change and removed the old folder. Wrote {opts.out_dir / SUMMARY_FILE}"
+    say(f"\n{'OK' if summary['ok'] else 'NOT OK'}: every pod on a node labelled for its model"
+        + (", each model served from the node's copy" if summary["served"] else "")
+        + f", the roll linked what did not change and removed the old folder. Wrote {opts.out_dir / SUMMARY_FILE}"
         + ("" if opts.log_json else f"; the JSON logs are in {opts.log_path}"))
     return summary
 
