@@ -53,9 +53,14 @@ def required(p: WarmProfile, v: WarmProfile) -> bool:
     return next(e.required for e in p.models if view_name(p.name, e.name) == v.name)
 
 
+# The first model's rank: above any spec.models[*].priority (the schema's maximum is 1000).
+FIRST_MODEL_PRIORITY = 1 << 30
+
+
 def priority(p: WarmProfile, v: WarmProfile) -> int:
+    """View ``v``'s rank when room is short: a model may only evict models of a lower one (bootstrap/modelset.py)."""
     if not is_extra(v):
-        return 1 << 30
+        return FIRST_MODEL_PRIORITY
     return next(e.priority for e in p.models if view_name(p.name, e.name) == v.name)
 
 

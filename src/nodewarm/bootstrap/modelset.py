@@ -37,6 +37,7 @@ from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.warmprofile import WarmProfile
 
 from . import modelstore, profilesource
+from .weights.manifest import STATE_DIR
 
 log = logs.get("bootstrap.models")
 
@@ -208,7 +209,7 @@ class ModelSet:
 
     def _holds(self, t: Target) -> bool:
         m = self.book.get(t.name)
-        return m is not None and m.state == WARM and m.generation == t.generation and (t.dest / ".nodewarm").is_dir()
+        return m is not None and m.state == WARM and m.generation == t.generation and (t.dest / STATE_DIR).is_dir()
 
     def _warm(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> None:
         from nodewarm.api.errors import NodewarmError
@@ -231,8 +232,7 @@ class ModelSet:
             return
         cache = self._compile_cache(p, t)
         self.results[t.name] = {"generation": t.generation, "downloadedBytes": summary.downloaded_bytes,
-                                "linkedFiles": getattr(summary, "linked_files", 0),
-                                "linkedBytes": getattr(summary, "linked_bytes", 0),
+                                "linkedFiles": summary.linked_files, "linkedBytes": summary.linked_bytes,
                                 "files": summary.files, "bytes": summary.bytes, "compileCache": cache}
         modelstore.touch_used(t.dest, time.time())
         self.book.put(HeldModel(t.name, WARM, t.generation, key=t.dest.name, bytes=summary.bytes,
