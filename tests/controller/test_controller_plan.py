@@ -337,7 +337,7 @@ def test_the_cached_node_view_holds_only_the_projected_fields():
     view = NodeView.from_obj(obj)
     assert {f.name for f in dataclasses.fields(NodeView)} == {
         "name", "uid", "provider_id", "created", "deleting", "any_labels", "nodepool", "annotations",
-        "any_annotations", "taints", "warm", "resource_version", "profile"}
+        "any_annotations", "taints", "warm", "resource_version", "profile", "model_labels"}
     assert set(view.annotations) == {"nodewarm.io/compile-cache"}       # only ours
     assert view.any_labels and view.any_annotations
     assert _deep_size(view) * 10 < len(json.dumps(obj))                  # a small fraction of the object

@@ -14,7 +14,7 @@ from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.models import HeldModel
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION, PROFILE_LABEL
-from nodewarm.api.views import ClaimView
+from nodewarm.api.views import ClaimView, NodeView
 from nodewarm.bootstrap.nodestatus import report_progress, report_warm
 from nodewarm.controller import manifests
 from nodewarm.controller.kube import NODES, WARMPROFILES, Kube
@@ -51,7 +51,7 @@ def warm(name, gen, **kw) -> HeldModel:
 
 
 def planned(obj, p=None, told=None, taint=TAINT["key"]):
-    return ml.plan(p or prof(), ml.ModelNode.from_obj(obj), taint, told or {})
+    return ml.plan(p or prof(), NodeView.from_obj(obj), taint, told or {})
 
 
 # -- the plan (pure) -------------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def test_models_reported_warm_are_labelled_in_one_patch_guarded_by_the_nodes_res
         SMALL: "g1", TINY: "g2"}      # the first model keeps nodewarm.io/generation, not a model label
     with pytest.raises(AssertionError):     # a Node changed since it was read: the server refuses the patch
         apply_json_patch({**obj, "metadata": {**obj["metadata"], "resourceVersion": "8"}}, list(out.ops))
-    ev = ml.change_event(ml.ModelNode.from_obj(obj), out.changes[0])
+    ev = ml.change_event(NodeView.from_obj(obj), out.changes[0])
     assert ev.reason == ml.MODEL_LABELED and "p1-small" in ev.message and "g1" in ev.message and "warm" in ev.message
     # Applied, nothing is left to do.
     assert planned(after).ops == ()
@@ -96,7 +96,7 @@ def test_a_model_not_warm_or_not_in_the_profile_loses_its_label(held, p, why):
     after = apply_json_patch(obj, list(out.ops))
     assert SMALL not in after["metadata"]["labels"]
     assert after["metadata"]["labels"]["models.nodewarm.io/other-x"] == "g5"     # another profile's: not touched
-    assert ml.change_event(ml.ModelNode.from_obj(obj), out.changes[0]).reason == ml.MODEL_UNLABELED
+    assert ml.change_event(NodeView.from_obj(obj), out.changes[0]).reason == ml.MODEL_UNLABELED
 
 
 def test_under_the_startup_taint_labels_are_only_removed_and_the_lift_sets_them():
@@ -110,7 +110,7 @@ def test_under_the_startup_taint_labels_are_only_removed_and_the_lift_sets_them(
     claim = ClaimView.from_obj(builders.nodeclaim("c1", created=T0 - 70, launched=T0 - 60, registered=T0,
                                                   provider_id="aws:///z/i-1"))
     node = node_obj([warm("p1-small", "g1")], taints=(TAINT,), warm="True", warm_at=T0 + 30)
-    pl = planner.plan_claim(claim, ml.ModelNode.from_obj(node), prof(), T0 + 31)
+    pl = planner.plan_claim(claim, NodeView.from_obj(node), prof(), T0 + 31)
     assert pl.action == planner.UNTAINT
     after = apply_json_patch(node, list(pl.node_ops))
     assert after["spec"]["taints"] == [] and after["metadata"]["labels"][SMALL] == "g1"
@@ -130,7 +130,7 @@ def test_no_capacity_is_told_once_per_message():
     assert changed.told == ("p1-tiny",)
     other = planned(node_obj([HeldModel("p1-tiny", models.FAILED, reason="S3AccessDenied", message="x")]))
     assert other.told == () and other.no_capacity == {}
-    ev = ml.no_capacity_event(ml.ModelNode.from_obj(node_obj([fail(message="m1")])), "p1-tiny", "m1")
+    ev = ml.no_capacity_event(NodeView.from_obj(node_obj([fail(message="m1")])), "p1-tiny", "m1")
     assert (ev.reason, ev.type) == (ml.MODEL_NO_CAPACITY, "Warning") and "m1" in ev.message
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from . import defaults
 from .decisions import Decision
-from .names import CLEANUP_CONDITION, CLEANUP_FINALIZER, NODEPOOL_LABEL, PROFILE_LABEL, STATE_ANNOTATION, \
+from .names import CLEANUP_CONDITION, CLEANUP_FINALIZER, MODEL_LABEL_PREFIX, NODEPOOL_LABEL, PROFILE_LABEL, STATE_ANNOTATION, \
     TIMELINE_ANNOTATION, WARM_CONDITION, WARM_GENERATION_ANNOTATION
 from .timeutil import fmt_time, parse_time
 
@@ -137,6 +137,9 @@ class NodeView:
     warm: Condition | None
     resource_version: str = field(default="", compare=False)
     profile: str = ""               # nodewarm.io/profile (the NodePool template's): whose peer key it may read
+    # models.nodewarm.io/* (the further models' labels, api/models.py): what is set, so a label changed by anyone
+    # else brings the node back to the controller's model-label reconciler
+    model_labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_obj(cls, o: dict) -> "NodeView":
@@ -149,6 +152,7 @@ class NodeView:
             annotations=ann, any_annotations=bool(md.get("annotations")),
             taints=tuple(spec.get("taints") or ()), warm=condition(o, WARM_CONDITION),
             resource_version=md.get("resourceVersion", ""), profile=(md.get("labels") or {}).get(PROFILE_LABEL, ""),
+            model_labels={k: v for k, v in (md.get("labels") or {}).items() if k.startswith(MODEL_LABEL_PREFIX)},
         )
 
     def has_taint(self, key: str) -> bool:

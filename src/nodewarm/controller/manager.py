@@ -39,7 +39,6 @@ from .kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, 
 from .leader import LeaderConfig, LeaderElector, NotLeading
 from .metrics import HttpEndpoints, Metrics, health_routes, metrics_routes
 from .modellabels import controller as modellabels
-from .modellabels.plan import ModelNode
 from .nodeclaim.controller import NodeClaimController
 from .options import ControllerOptions
 from .pairing import ProviderIndex
@@ -74,7 +73,7 @@ class Controller:
 
         w, page = self.opt.watch_timeout_s, self.opt.list_page_size
         self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w, page_size=page)
-        self.nodes = Reflector(self.kube, NODES, ModelNode.from_obj, self._on_node, w, page_size=page)
+        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w, page_size=page)
         self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w, page_size=page)
         self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w, page_size=page)
         self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w,

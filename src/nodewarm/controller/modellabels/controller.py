@@ -9,11 +9,12 @@ from __future__ import annotations
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm.api import lifecycle
+from nodewarm.api.views import NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
 from ..kube import MAX_CONFLICT_RETRIES, NODES
 from ..shared import Manager
-from .plan import NO_CAPACITY, ModelNode, Plan, change_event, no_capacity_event, plan
+from .plan import NO_CAPACITY, Plan, change_event, no_capacity_event, plan
 
 KIND = "models"
 
@@ -29,7 +30,7 @@ class ModelLabelController:
         # starts empty and tells each failure once more.
         self._told: dict[str, dict[str, str]] = {}
 
-    def profile_of(self, node: ModelNode | None) -> WarmProfile | None:
+    def profile_of(self, node: NodeView | None) -> WarmProfile | None:
         """The profile the node's nodewarm.io/profile label names, if this controller manages it."""
         if node is None or not node.profile:
             return None
@@ -63,14 +64,14 @@ class ModelLabelController:
                 mgr.metrics.conflicts.labels("nodes").inc()
                 mgr.log.info("model_labels.conflict", node=name, status=e.status)
                 try:
-                    node = ModelNode.from_obj(mgr.kube.get(NODES, name, timeout=mgr.write_timeout()))
+                    node = NodeView.from_obj(mgr.kube.get(NODES, name, timeout=mgr.write_timeout()))
                 except ApiException as e2:
                     if e2.status == 404:
                         return None
                     raise
                 continue
             # Our own write, into the cache: a re-queue before the watch event must not plan it again.
-            mgr.nodes.store[name] = ModelNode.from_obj(after)
+            mgr.nodes.store[name] = NodeView.from_obj(after)
             break
         else:
             raise RuntimeError(f"Node {name} kept changing; giving up on its model labels after "
@@ -79,12 +80,12 @@ class ModelLabelController:
             self._tell(p, node, out)
         return out
 
-    def _taint(self, p: WarmProfile, node: ModelNode) -> str:
+    def _taint(self, p: WarmProfile, node: NodeView) -> str:
         view = self.mgr.profile_index.view(p.name)
         retired = (view.injected.get("retiredTaintKeys") or ()) if view else ()
         return lifecycle.gating_taint(p.readiness.taint_key, retired, node)
 
-    def _tell(self, p: WarmProfile, node: ModelNode, out: Plan) -> None:
+    def _tell(self, p: WarmProfile, node: NodeView, out: Plan) -> None:
         mgr = self.mgr
         for c in out.changes:
             mgr.events.emit(change_event(node, c))

@@ -13,7 +13,7 @@ node agent reports on its Node in nodewarm.io/models. Pure; the reconciler (cont
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from nodewarm.api import models
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
@@ -27,21 +27,6 @@ from ..nodepatch import identity_guard, remove_map_ops, set_map_ops
 LABEL, SWITCH, UNLABEL, NO_CAPACITY = "label", "switch", "unlabel", "no_capacity"
 # Event reasons, on the Node.
 MODEL_LABELED, MODEL_UNLABELED, MODEL_NO_CAPACITY = "ModelLabeled", "ModelUnlabeled", "ModelNoCapacity"
-
-
-@dataclass(frozen=True)
-class ModelNode(NodeView):
-    """The controller's cached Node: NodeView and its model labels, so the plan sees what is set and a label changed
-    by anyone else brings the node back (the cache hands a changed view to the handlers)."""
-
-    model_labels: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_obj(cls, o: dict) -> "ModelNode":
-        base = NodeView.from_obj(o)
-        labels = o["metadata"].get("labels") or {}
-        return cls(**{f.name: getattr(base, f.name) for f in fields(NodeView)},
-                   model_labels={k: v for k, v in labels.items() if k.startswith(MODEL_LABEL_PREFIX)})
 
 
 @dataclass(frozen=True)
@@ -107,7 +92,7 @@ def no_capacity(node: NodeView) -> dict[str, str]:
             if m.state == models.FAILED and m.reason == models.NO_CAPACITY}
 
 
-def plan(p: WarmProfile, node: ModelNode, taint_key: str, told: dict[str, str]) -> Plan:
+def plan(p: WarmProfile, node: NodeView, taint_key: str, told: dict[str, str]) -> Plan:
     """The node's label changes (only removals while ``taint_key`` is on) in one patch that applies only to the Node
     as read, and the NoCapacity failures not told yet (``told``: model -> the message told last)."""
     every = changes(p, node, node.model_labels)

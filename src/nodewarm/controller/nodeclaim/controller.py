@@ -21,7 +21,6 @@ from nodewarm.api.warmprofile import WarmProfile
 
 from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
 from ..leader import NotLeading
-from ..modellabels.plan import ModelNode
 from ..shared import Manager
 from ..warmprofile.view import ProfileView
 from . import budget
@@ -57,7 +56,7 @@ class NodeClaimController:
         live_node = None
         if name is not None:
             try:
-                live_node = ModelNode.from_obj(kube.get(NODES, name, timeout=self.mgr.write_timeout()))
+                live_node = NodeView.from_obj(kube.get(NODES, name, timeout=self.mgr.write_timeout()))
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -161,7 +160,7 @@ class NodeClaimController:
         else:
             after = mgr.kube.json_patch(NODES, node.name, list(plan.node_ops), timeout=timeout)
             # Feed our own write into the cache so a re-queue before the watch event sees the record.
-            mgr.nodes.store[node.name] = ModelNode.from_obj(after)
+            mgr.nodes.store[node.name] = NodeView.from_obj(after)
         mgr.decisions.append((claim.name, plan.action))      # deque.append is thread-safe
         mgr.metrics.observe(claim.nodepool, plan.counters, plan.durations, plan.profile)
         node_ev = next((e for e in plan.events if e.kind == "Node"), None)
