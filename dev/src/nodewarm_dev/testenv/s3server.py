@@ -148,6 +148,10 @@ def start(engine: str = "rclone", data_dir: str | Path | None = None, timeout_s:
             f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-s3.port={port}", f"-s3.config={identities}",
             "-webdav=false", "-admin.ui=false",
+            # Each bucket takes volumes of its own, and by default the most volumes is the free disk over the volume
+            # size: on a machine with ~20 GB free the server refused writes after ~20 buckets, fewer than a test
+            # session makes. Volumes are not preallocated, so a fixed high count costs no disk.
+            "-volume.max=1000",
         ]
     else:
         raise ValueError(f"unknown S3 engine {engine!r}; use 'rclone' or 'seaweedfs'")
