@@ -129,3 +129,28 @@ def fresh_node(k):
             k.delete(NODES, name)
         except ApiException:
             pass
+
+
+@pytest.fixture(scope="session")
+def scheduling(kube):
+    """The real kube-scheduler and the Deployment/ReplicaSet controllers on the session's API server."""
+    from nodewarm_dev.testenv import kube as kubeenv
+
+    kubeenv.start_controller_manager(kube)
+    kubeenv.start_scheduler(kube)
+    return kube
+
+
+@pytest.fixture
+def controller_as_sa(kube, k):
+    """The nodewarm controller running in this process as its own ServiceAccount, with exactly the RBAC it ships
+    (controller/manifests.py), as an install puts it in place; stopped afterwards."""
+    from nodewarm.controller import manifests
+    from support.controller_fixtures import running, uniq
+    from support.rbac import apply_replacing
+
+    ns = uniq("nodewarm")
+    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
+    api = kube.api_client(kube.service_account_token(ns, manifests.NAME))
+    with running(api) as c:
+        yield c

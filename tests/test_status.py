@@ -663,3 +663,25 @@ def test_status_shows_a_deleted_profile_whose_clean_up_is_held_and_its_nodes(kub
         assert main(["status", "--kubeconfig", str(kubeconfig), n.node]) == 0
         assert "clean-up held: WouldDrift" in capsys.readouterr().out
 
+
+
+def test_a_node_warm_before_registration_shows_registering_and_why():
+    c, n = warm_pair()
+    c = nodeclaim("gpu-p5-warm", created=ago(900), launched=ago(860))         # Registered still Unknown
+    n["spec"]["taints"].append({"key": "karpenter.sh/unregistered", "effect": "NoExecute"})
+    x = explain(observed((c, n)), n["metadata"]["name"], NOW)
+    assert (x.row.phase, x.row.reason) == ("Registering", "WarmBeforeRegistration")
+    assert x.row.deadline_left_s is None            # the deadline counts from registration
+    assert x.waits_for[0].startswith("Karpenter to register the node (the node reported Warm, but the Node still "
+                                     "carries karpenter.sh/unregistered")
+
+
+def test_a_lifted_taint_put_back_is_never_shown_serving_and_is_explained():
+    c, n = warm_pair()
+    n["metadata"]["annotations"][labels.STATE_ANNOTATION] = state_ann("Untainted", 10, 800, 20)
+    x = explain(observed((c, n)), n["metadata"]["name"], NOW)
+    assert (x.row.phase, x.row.reason) == ("Warm", "TaintReAdded")
+    assert x.waits_for[0].startswith("the controller to lift the startup taint again (nodewarm.io/warming is back")
+    assert any(note.startswith("the startup taint is back: nodewarm lifted it at") for note in x.notes), x.notes
+    n["spec"]["taints"] = [t for t in n["spec"]["taints"] if t["key"] != "nodewarm.io/warming"]
+    assert explain(observed((c, n)), n["metadata"]["name"], NOW).row.phase == "Untainted(serving)"

@@ -22,7 +22,7 @@ from nodewarm.api import lifecycle
 from nodewarm.api.decisions import DeadlineOutcome, Reason
 from nodewarm.api.lifecycle import Phase
 from nodewarm.api.names import CLEANUP_CONDITION, CLEANUP_FINALIZER, STATE_ANNOTATION
-from nodewarm.api.views import DISRUPTION_CONDITION
+from nodewarm.api.views import DISRUPTION_CONDITION, UNREGISTERED_TAINT
 from nodewarm.controller.nodeclaim import deadline
 from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.controller.manager import Controller
@@ -37,6 +37,7 @@ SOON = T0 + 300                 # 5 min in: within the 20m deadline
 LATE = T0 + 1500                # 25 min in: past it
 PID = "aws:///us-west-2a/i-0abc"
 OLD_KEY = "nodewarm.io/warming-v1"
+UNREG = {"key": UNREGISTERED_TAINT, "effect": "NoExecute"}
 FIXABLE = "S3Throttled"         # a Warm=False reason a new node may not hit again
 
 
@@ -104,6 +105,10 @@ def _cases() -> dict[str, Case]:
     disrupted["status"]["conditions"].append(condition(DISRUPTION_CONDITION, "True", "Drifted", LATE - 10))
     initialized = claim()
     initialized["status"]["conditions"].append(condition("Initialized", "True", "Initialized", T0 + 260))
+    unregistered = claim(registered=None)
+    hooked = claim(registered=None)
+    hooked["status"]["conditions"][1] = condition("Registered", "Unknown", "RegistrationHookPending", T0 - 80,
+                                                  "capacity-reservation")
     cases = {
         "launching": Case(nodeclaim("gpu-p5-abcde", created=T0 - 30), None, SOON, Phase.LAUNCHING, planner.NONE,
                           Phase.LAUNCHING),
@@ -158,6 +163,26 @@ def _cases() -> dict[str, Case]:
                                                        Phase.COLD, [held(profile("z-held", "keep", created=T0 - 9e5)),
                                                                     profile("a-live", created=T0 - 60)],
                                                        DeadlineOutcome.UNTAINT),
+        # Karpenter's registration merges the NodeClaim's startupTaints back into the Node: nothing is lifted before
+        # it (the Node's unregistered taint, or a NodeClaim not yet Registered=True, both say so).
+        "warm before registration": Case(unregistered, the_node(unregistered, warm="True", taints=(TAINT, UNREG)),
+                                         SOON, Phase.REGISTERING, planner.NONE, Phase.REGISTERING),
+        "warm, registration held by a hook": Case(hooked, the_node(hooked, warm="True", taints=(TAINT, UNREG)), SOON,
+                                                  Phase.REGISTERING, planner.NONE, Phase.REGISTERING),
+        "warm, the Node synced, the NodeClaim not yet Registered": Case(
+            unregistered, the_node(unregistered, warm="True"), SOON, Phase.REGISTERING, planner.NONE,
+            Phase.REGISTERING),
+        "warming before registration, past the deadline's length": Case(
+            unregistered, the_node(unregistered, taints=(TAINT, UNREG)), LATE, Phase.REGISTERING, planner.NONE,
+            Phase.REGISTERING),
+        # A record is history; the Node's taints are the truth.
+        "untainted, the taint put back, Warm": Case(c, the_node(warm="True", record="Untainted"), LATE, Phase.WARM,
+                                                    planner.UNTAINT, Phase.SERVING),
+        "untainted cold, the taint put back, still not Warm": Case(
+            c, the_node(record="DeadlineUntaint"), LATE, Phase.WARMING, planner.UNTAINT, Phase.COLD,
+            outcome=DeadlineOutcome.UNTAINT),
+        "untainted, the taint put back, Warm=False within the deadline": Case(
+            c, the_node(warm=failed(FIXABLE), record="Untainted"), SOON, Phase.FAILED, planner.NONE, Phase.FAILED),
         "gated by a retired taint key": Case(c, the_node(warm="True", taints=({**TAINT, "key": OLD_KEY},)), SOON,
                                              Phase.WARM, planner.UNTAINT, Phase.SERVING, [retired(profile())]),
     }

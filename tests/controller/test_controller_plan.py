@@ -391,3 +391,43 @@ def test_a_deadline_replace_never_deletes_a_nodeclaim_karpenter_is_already_repla
     # Karpenter gives up (its mark goes): the deadline acts again, once.
     assert plan(node_obj(warm="False", taints=(GPU, TAINT)), claim=claim_obj(), p=replace_,
                 now=T0 + 301).action == planner.DELETE_CLAIM
+
+
+UNREG = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
+
+
+@pytest.mark.parametrize("claim, taints", [
+    (claim_obj(registered=None), (GPU, TAINT, UNREG)),         # the Node still carries karpenter.sh/unregistered
+    (claim_obj(registered=None), (GPU, TAINT)),                # registration wrote the Node, not yet the NodeClaim
+    (claim_obj(), (GPU, TAINT, UNREG)),                        # a NodeClaim Registered, its Node still unregistered
+])
+def test_a_warm_node_is_not_lifted_before_karpenter_registers_it(claim, taints):
+    pl = plan(node_obj(taints=taints), claim=claim, now=T0 + 3600)    # past the deadline's length too
+    assert (pl.action, pl.node_ops, pl.events, pl.requeue_after) == (planner.NONE, (), (), None)
+
+
+def _lifted_then_retainted(registered_at_lift: float) -> dict:
+    """n1 lifted by nodewarm at T0 + 31 (its record says when it believed the node registered), the taint back."""
+    lifted = apply_json_patch(node_obj(), list(plan(node_obj()).node_ops))
+    state = json.loads(lifted["metadata"]["annotations"][STATE_ANNOTATION])
+    state["registered"] = fmt_time(registered_at_lift)
+    lifted["metadata"]["annotations"][STATE_ANNOTATION] = json.dumps(state)
+    lifted["spec"]["taints"] = lifted["spec"]["taints"] + [dict(TAINT)]
+    return lifted
+
+
+@pytest.mark.parametrize("registered_at_lift, who", [
+    (T0, "not by nodewarm"),                         # lifted after registration: someone else put it back
+    (T0 - 5, "Karpenter's registration merges"),     # an older controller lifted before registration (the Node's birth)
+])
+def test_a_taint_put_back_after_a_lift_is_lifted_again_told_and_counted_not_timed(registered_at_lift, who):
+    node = _lifted_then_retainted(registered_at_lift)
+    pl = plan(node, now=T0 + 600)
+    assert pl.action == planner.UNTAINT
+    after = apply_json_patch(node, list(pl.node_ops))
+    assert after["spec"]["taints"] == [GPU, OTHER]
+    assert WarmState.from_json(after["metadata"]["annotations"][STATE_ANNOTATION]).decided == fmt_time(T0 + 600)
+    assert {e.reason for e in pl.events} == {"TaintReAdded"} and all(e.type == "Warning" for e in pl.events)
+    assert f"{TAINT['key']} was back on the node" in pl.events[0].message and who in pl.events[0].message
+    assert set(pl.counters) == {("taints_removed", ""), ("taints_readded", "")} and pl.durations == ()
+    assert plan(after, now=T0 + 601).action == planner.NONE

@@ -25,12 +25,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodewarm import profile
-from nodewarm.api.names import CACHE_ANNOTATION, WARM_CONDITION
+from nodewarm.api.decisions import Decision
+from nodewarm.api.names import CACHE_ANNOTATION, STATE_ANNOTATION, WARM_CONDITION
+from nodewarm.api.timeutil import fmt_time
 from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.controller.manager import Controller
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
 from nodewarm.controller.warmprofile import peerkeys
-from nodewarm.api.views import ClaimView, NodeView
+from nodewarm.api.views import ClaimView, NodeView, WarmState
 from support import builders
 from support.builders import v
 from support import paths
@@ -67,6 +69,11 @@ def exercised_metrics() -> Metrics:
     for action, warm in (("replace", None), ("untaint", None), ("keep", None), ("replace", "False")):
         p = profile.from_dict(v(metadata__name="p1", spec__readiness__onDeadline=action, spec__readiness__deadline="5m"))
         plans.append(planner.plan_claim(claim, _node(POOL, warm), p, T0 + 301))
+    # A taint put back after the lift: lifted again and counted as re-added (nodeclaim/untaint.py).
+    back = WarmState("p1", "c1", Decision.UNTAINTED, registered=fmt_time(T0), decided=fmt_time(T0 + 31)).to_json()
+    plans.append(planner.plan_claim(claim, _node(POOL, "True", {STATE_ANNOTATION: back}),
+                                    profile.from_dict(v(metadata__name="p1")), T0 + 60))
+    assert ("taints_readded", "") in plans[-1].counters
     assert {pl.deadline for pl in plans} == {"", "replace", "untaint", "keep", "not_replaced"}
     for pl in plans:
         m.observe(claim.nodepool, pl.counters, pl.durations)
@@ -563,7 +570,8 @@ def _with_expr(d: dict, title: str, fn) -> dict:
 
 
 @pytest.mark.parametrize("title,mutate,expect", [
-    ("Nodes warmed (taints removed)", lambda e: e.replace("nodewarm_taints_removed_total", "nodewarm_taints_removed"),
+    ("Nodes warmed (taints removed), and taints put back",
+     lambda e: e.replace("nodewarm_taints_removed_total", "nodewarm_taints_removed"),
      "'nodewarm_taints_removed' is not exposed"),
     ("Registration -> Warm, p50 / p95", lambda e: e.replace("_bucket", "_buckets"), "is not exposed"),
     ("Registration -> Warm, p50 / p95", lambda e: e.replace("by (le, nodepool)", "by (nodepool)"), "without 'le'"),

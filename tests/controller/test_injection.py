@@ -180,6 +180,27 @@ def test_deleting_a_profile_with_onlive_drift_removes_the_taint_and_says_what_it
         assert ev and "1 node(s) replaced" in ev[0]["message"]
 
 
+def test_a_deleted_profiles_clean_up_waits_for_registration_so_no_node_keeps_its_taint(admin, k):
+    """A NodeClaim keeps the startupTaints it was created with, and Karpenter's registration merges them into its
+    Node: the clean-up lifts nothing before registration and holds its finalizer until the node has registered, then
+    lifts the taint and goes. Lifting earlier would leave the node under a taint nobody lifts."""
+    sim = KarpenterSim(admin)
+    with installed(k, user_data=None, user_startup_taints=(), spec__injection__onLive="drift") as inst, running(admin):
+        wait_reason(k, inst.name, "UpToDate")
+        claim = sim.create_nodeclaim(inst.pool)["metadata"]["name"]
+        sim.launch(claim)
+        sim.register_node(claim, "node-4")
+        sim.kubelet_ready("node-4")
+        k.delete(WARMPROFILES, inst.name)
+        cond = wait_for(lambda: (c := cleanup_condition(k, inst.name)) and c["reason"] == "AwaitingRegistration" and c,
+                        what="the clean-up waiting for registration")
+        assert "node-4" in cond["message"] and claim in cond["message"]
+        assert TAINT in taint_keys(k, "node-4")
+        sim.mark_registered(claim)
+        wait_for(lambda: not _exists(k, WARMPROFILES, inst.name), what="the clean-up finished after registration")
+        assert TAINT not in taint_keys(k, "node-4")
+
+
 def test_deleting_a_profile_of_a_pool_without_nodes_removes_its_taint_at_once(admin, k):
     with installed(k, user_data=None, user_startup_taints=()) as inst, running(admin):
         wait_reason(k, inst.name, "UpToDate")

@@ -75,6 +75,78 @@ def test_nodes_are_linked_by_provider_id_only(kube):
             sim.mark_registered(claim)
 
 
+def _joined(sim: KarpenterSim, pool: str) -> tuple[str, str]:
+    """A NodeClaim launched and its node joined (Ready) under its taints and karpenter.sh/unregistered."""
+    claim = sim.create_nodeclaim(pool)["metadata"]["name"]
+    sim.launch(claim)
+    node = sim.register_node(claim)["metadata"]["name"]
+    sim.kubelet_ready(node)
+    return claim, node
+
+
+def _lift(k: Kube, node: str, key: str = "nodewarm.io/warming") -> None:
+    taints = k.get(NODES, node)["spec"]["taints"]
+    k.merge_patch(NODES, node, {"spec": {"taints": [t for t in taints if t["key"] != key]}})
+
+
+def _keys(k: Kube, node: str) -> list[str]:
+    return [t["key"] for t in k.get(NODES, node)["spec"].get("taints") or ()]
+
+
+def test_registration_merges_the_nodeclaims_taints_back_once(kube):
+    admin = kube.api_client()
+    k, sim = Kube(admin), KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst:
+        claim, node = _joined(sim, inst.pool)
+        _lift(k, node)                                  # lifted before registration
+        _lift(k, node, "nvidia.com/gpu")
+        sim.mark_registered(claim)
+        n = k.get(NODES, node)
+        # Appended where missing, spec.taints before spec.startupTaints; karpenter.sh/unregistered gone.
+        assert _keys(k, node) == ["nvidia.com/gpu", "nodewarm.io/warming"]
+        assert n["metadata"]["labels"]["karpenter.sh/registered"] == "true"
+        c = k.get(NODECLAIMS, claim)
+        assert all(n["metadata"]["annotations"][a] == v for a, v in c["metadata"]["annotations"].items())
+        # Registered once: a taint lifted now stays lifted, and Initialized follows.
+        _lift(k, node)
+        sim.mark_registered(claim)
+        assert _keys(k, node) == ["nvidia.com/gpu"]
+        assert sim.sync_initialized(claim)
+
+
+def test_registration_leaves_taints_alone_on_a_do_not_sync_taints_node(kube):
+    admin = kube.api_client()
+    k, sim = Kube(admin), KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst:
+        claim, node = _joined(sim, inst.pool)
+        k.merge_patch(NODES, node, {"metadata": {"labels": {"karpenter.sh/do-not-sync-taints": "true"}}})
+        _lift(k, node)
+        sim.mark_registered(claim)
+        assert _keys(k, node) == ["nvidia.com/gpu"]     # not merged back; the unregistered taint still removed
+
+
+def test_a_registration_hook_holds_registration_but_not_the_merge(kube):
+    admin = kube.api_client()
+    k, sim = Kube(admin), KarpenterSim(admin)
+    with installed(k, inject_ready=True) as inst:
+        claim, node = _joined(sim, inst.pool)
+        sim.hold_registration(claim, "capacity-reservation")
+        _lift(k, node)
+        held = sim.mark_registered(claim)
+        reg = next(x for x in held["status"]["conditions"] if x["type"] == "Registered")
+        assert (reg["status"], reg["reason"], reg["message"]) == ("Unknown", "RegistrationHookPending",
+                                                                  "capacity-reservation")
+        assert "nodeName" not in held["status"]
+        assert {"nodewarm.io/warming", "karpenter.sh/unregistered"} <= set(_keys(k, node))
+        _lift(k, node)
+        sim.mark_registered(claim)                      # every pass while held merges again
+        assert "nodewarm.io/warming" in _keys(k, node)
+        assert not sim.sync_initialized(claim)          # initialization waits for Registered=True
+        sim.release_registration(claim)
+        assert _conds(sim.mark_registered(claim))["Registered"] == "True"
+        assert "karpenter.sh/unregistered" not in _keys(k, node)
+
+
 def test_deleting_waits_for_the_termination_finalizers(kube):
     admin = kube.api_client()
     k, sim = Kube(admin), KarpenterSim(admin)

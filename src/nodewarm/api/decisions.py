@@ -51,6 +51,7 @@ class Reason(StrEnum):
     NOT_LAUNCHED = "NotLaunched"
     WARMING = "Warming"
     WARM_CONDITION_TRUE = "WarmConditionTrue"
+    TAINT_READDED = "TaintReAdded"          # Warm, and the startup taint back on after nodewarm lifted it
     NOT_WARM = "NotWarm"
     WITHIN_DEADLINE = "WithinDeadline"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
@@ -62,6 +63,7 @@ class Reason(StrEnum):
 class EventReason(StrEnum):
     """The controller's Events on the Node and its NodeClaim."""
     UNTAINTED = "Untainted"
+    TAINT_READDED = "TaintReAdded"          # the startup taint was back after nodewarm lifted it: lifted again
     WARM_DEADLINE_UNTAINT = "WarmDeadlineUntaint"
     WARM_DEADLINE_REPLACE = "WarmDeadlineReplace"
     WARM_DEADLINE_NOT_REPLACED = "WarmDeadlineNotReplaced"

@@ -7,8 +7,9 @@ Four rules, each used by both (tests/api/test_lifecycle_contract.py holds them t
   (``gating_taint``);
 * the deadline's start (``deadline_start``) and when it runs (``DEADLINE_PHASES``);
 * which phases leave the controller a decision to make (``UNDECIDED_PHASES``);
-* the phase (``phase``): from the NodeClaim's Karpenter conditions, the Node's startup taint, the agent's Warm
-  condition and the controller's record.
+* registration (``registration_pending``): nothing is decided before Karpenter has registered the node;
+* the phase (``phase``): from the NodeClaim's Karpenter conditions, the Node's taints as they are, the agent's Warm
+  condition and the controller's record, which is history: a lift the Node contradicts (``readded``) is undone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .decisions import Decision, Reason
 from .names import CLEANUP_FINALIZER
 from .timeline import Timeline
 from .timeutil import parse_time
-from .views import ClaimView, NodeView
+from .views import UNREGISTERED_TAINT, ClaimView, NodeView, WarmState
 
 # --------------------------------------------------------------------------------------------------- pairing
 
@@ -124,15 +125,50 @@ def warm_at(node: NodeView) -> float | None:
     return parse_time(node.timeline.get(Timeline.WARM_REPORTED)) or node.warm.last_transition
 
 
+# --------------------------------------------------------------------------------------------------- registration
+
+# Karpenter's registration (kubernetes-sigs/karpenter pkg/controllers/nodeclaim/lifecycle/registration.go, syncNode)
+# appends every NodeClaim spec.taints and spec.startupTaints entry whose key and effect the Node lacks, then removes
+# karpenter.sh/unregistered and sets Registered=True; registration hooks can hold it back, merging again on every
+# pass, while the unregistered taint stays. A startup taint lifted before then comes back, and Karpenter never lifts
+# it (kubernetes-sigs/karpenter #1772). Before registration Karpenter's own registration timeout (15 min from launch)
+# guards the node, so nodewarm decides nothing until both marks say it is done: the Node's taint is gone (the merge
+# happened in that same write) and the NodeClaim is Registered=True (Karpenter will not merge again).
+
+
+def registration_pending(claim: ClaimView | None, node: NodeView) -> str:
+    """Why Karpenter has not finished registering ``node`` ("" once it has)."""
+    if node.has_taint(UNREGISTERED_TAINT):
+        why = f" ({claim.registering})" if claim is not None and claim.registering else ""
+        return f"the Node still carries {UNREGISTERED_TAINT}: Karpenter has not registered it{why}"
+    if claim is not None and claim.registered is None:
+        return (f"NodeClaim {claim.name} is not Registered=True yet"
+                + (f" ({claim.registering})" if claim.registering else ""))
+    return ""
+
+
+# The decisions that lift the startup taint.
+LIFTS = frozenset({Decision.UNTAINTED, Decision.DEADLINE_UNTAINT})
+
+
+def readded(node: NodeView, taint_key: str) -> WarmState | None:
+    """The controller's record of a lift that the Node contradicts (the taint is on it again: put back by Karpenter's
+    registration, an operator, a re-apply), else None. Such a node is undecided again."""
+    state = node.state
+    if state is not None and state.decision in LIFTS and node.has_taint(taint_key):
+        return state
+    return None
+
+
 # --------------------------------------------------------------------------------------------------- phase
 
 class Phase(StrEnum):
     """In the order a node goes through them; the values are what `nodewarm status` prints."""
     LAUNCHING = "Launching"                     # NodeClaim created, instance not launched yet
-    REGISTERING = "Registering"                 # instance launched, no Node yet
+    REGISTERING = "Registering"                 # instance launched, Karpenter has not registered its Node yet
     WARMING = "Warming"                         # Node registered under the startup taint, not Warm yet
     WARM = "Warm"                               # reported Warm, the controller has not lifted the taint yet
-    SERVING = "Untainted(serving)"              # the controller lifted the taint on Warm
+    SERVING = "Untainted(serving)"              # the controller lifted the taint on Warm, and it stays off
     COLD = "DeadlineUntaint(cold)"              # the deadline passed and onDeadline=untaint lifted it cold
     KEPT = "DeadlineKeep"                       # the deadline passed, the taint stays (keep, or replace refused)
     FAILED = "Failed"                           # the agent reported Warm=False
@@ -149,6 +185,7 @@ UNDECIDED_PHASES = frozenset({Phase.WARM, Phase.KEPT}) | DEADLINE_PHASES
 NODECLAIM_DELETING = "NodeClaimDeleting"
 NODE_DELETING = "NodeDeleting"
 TAINT_GONE = "TaintGone"
+WARM_BEFORE_REGISTRATION = "WarmBeforeRegistration"
 
 
 @dataclass(frozen=True)
@@ -176,8 +213,19 @@ def phase(claim: ClaimView | None, node: NodeView | None, taint_key: str) -> Sta
                          "waiting for Karpenter to launch the instance")
         return Stage(Phase.REGISTERING, claim.launched, Reason.NOT_REGISTERED,
                      "instance launched, its Node has not registered yet")
-    state, warm, tainted = node.state, node.warm, node.has_taint(taint_key)
+    warm, tainted = node.warm, node.has_taint(taint_key)
     warm_true = warm is not None and warm.status == "True"
+    waiting = registration_pending(claim, node)
+    if waiting:
+        since = (claim.launched if claim is not None else None) or node.created
+        if warm_true:
+            return Stage(Phase.REGISTERING, since, WARM_BEFORE_REGISTRATION,
+                         f"the node reported Warm, but {waiting}; {taint_key} is lifted once it has (Karpenter's "
+                         "registration merges the NodeClaim's startupTaints back into the Node: a lift before it "
+                         "would not stay)")
+        return Stage(Phase.REGISTERING, since, Reason.NOT_REGISTERED, waiting)
+    back = readded(node, taint_key)
+    state = None if back is not None else node.state
     reason, message = (warm.reason, warm.message) if warm is not None else ("", "")
     if state is not None and state.decision == Decision.UNTAINTED:
         return Stage(Phase.SERVING, parse_time(state.decided), reason or Decision.UNTAINTED, message)
@@ -191,9 +239,12 @@ def phase(claim: ClaimView | None, node: NodeView | None, taint_key: str) -> Sta
         if warm_true:
             return Stage(Phase.SERVING, warm.last_transition, reason, message)
         return Stage(Phase.UNTAINTED, None, TAINT_GONE, f"{taint_key} is not on the node and nodewarm did not lift it")
+    again = f"{taint_key} is back on the node after nodewarm lifted it at {back.decided}" if back is not None else ""
     if warm_true:
+        if back is not None:
+            return Stage(Phase.WARM, warm_at(node), Reason.TAINT_READDED, f"{again}; the controller lifts it again")
         return Stage(Phase.WARM, warm_at(node), reason, message)
     if warm is not None and warm.status == "False":
-        return Stage(Phase.FAILED, warm.last_transition, reason, message)
+        return Stage(Phase.FAILED, warm.last_transition, reason, f"{message}; {again}" if again else message)
     return Stage(Phase.WARMING, deadline_start(claim, node), Reason.WARMING,
-                 "the node agent has not reported nodewarm.io/Warm yet")
+                 "the node agent has not reported nodewarm.io/Warm yet" + (f"; {again}" if again else ""))

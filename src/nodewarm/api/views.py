@@ -34,6 +34,10 @@ from .timeutil import fmt_time, parse_time
 LAUNCHED = "Launched"
 REGISTERED = "Registered"
 INITIALIZED = "Initialized"
+# The taint a Karpenter node registers with (AL2023 registerWithTaints, Bottlerocket node-taints). Karpenter's
+# registration (pkg/controllers/nodeclaim/lifecycle/registration.go) merges the NodeClaim's taints and startupTaints
+# into the Node and only then removes this one, in one write, before it sets Registered=True.
+UNREGISTERED_TAINT = "karpenter.sh/unregistered"
 
 # What the agent records as the generation it warmed (nodewarm.api.generation: 16 hex digits).
 _GENERATION = re.compile(r"^[0-9a-f]{16}$")
@@ -89,16 +93,19 @@ class ClaimView:
     registered: float | None        # Registered=True lastTransitionTime
     resource_version: str = field(default="", compare=False)
     disrupting: str = ""            # why Karpenter is already taking it down (karpenter_disruption), or ""
+    registering: str = ""           # while Registered is not True: its reason and message (RegistrationHookPending..)
 
     @classmethod
     def from_obj(cls, o: dict) -> "ClaimView":
         md, status = o["metadata"], o.get("status") or {}
+        reg = condition(o, REGISTERED)
         return cls(
             name=md["name"], uid=md.get("uid", ""), nodepool=(md.get("labels") or {}).get(NODEPOOL_LABEL, ""),
             provider_id=status.get("providerID", ""), created=parse_time(md.get("creationTimestamp")) or 0.0,
             deleting=bool(md.get("deletionTimestamp")), launched=true_at(o, LAUNCHED),
             registered=true_at(o, REGISTERED), resource_version=md.get("resourceVersion", ""),
             disrupting=karpenter_disruption(o),
+            registering="" if reg is None or reg.status == "True" else f"{reg.reason}: {reg.message}".strip(": "),
         )
 
 

@@ -24,6 +24,10 @@ class Metrics:
                                ["nodepool", "phase"], registry=r, buckets=BUCKETS)
         self.taints_removed = Counter("nodewarm_taints_removed_total",
                                       "Readiness taints removed because the node reported Warm", ["nodepool"], registry=r)
+        self.taints_readded = Counter(
+            "nodewarm_taints_readded_total", "Startup taints found back on a Warm node after nodewarm lifted them "
+            "(Karpenter's registration merging the NodeClaim's startupTaints back, an operator, a re-apply), and "
+            "lifted again", ["nodepool"], registry=r)
         self.deadlines = Counter("nodewarm_deadlines_total", "Nodes that missed readiness.deadline, by action taken",
                                  ["nodepool", "action"], registry=r)
         self.cache = Counter("nodewarm_compile_cache_total", "Compile-cache outcome of warmed nodes (cold at warm time, hit|miss proven in serving)",
@@ -62,6 +66,8 @@ class Metrics:
         for name, label in counters:
             if name == "taints_removed":
                 self.taints_removed.labels(nodepool).inc()
+            elif name == "taints_readded":
+                self.taints_readded.labels(nodepool).inc()
             elif name == "deadline":
                 self.deadlines.labels(nodepool, label).inc()
             elif name == "compile_cache":

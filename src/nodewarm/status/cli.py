@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
 EPILOG = """\
 phases: Launching -> Registering -> Warming -> Warm -> Untainted(serving); past readiness.deadline:
 DeadlineUntaint(cold) or DeadlineKeep; Failed (the agent reported Warm=False); Replacing (being deleted).
+A node is Registering until Karpenter has registered it (karpenter.sh/unregistered gone, NodeClaim Registered=True),
+even if it already reported Warm (reason WarmBeforeRegistration): the taint is lifted only after registration, which
+merges the NodeClaim's startupTaints back. The phase follows the Node's taints as they are: a lifted taint put back
+shows Warm (TaintReAdded) until the controller lifts it again.
 WEIGHTS shows bytes done/total while the agent pulls (it writes them at most every 30s), the size once pulled.
 CACHE: hit/miss once serving proves it, cold at warm time, restored while a restored bundle awaits proof.
 A deleted WarmProfile whose clean-up is held (its startup taint stays in the NodePool while removing it would

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from nodewarm.api import enginecheck
-from nodewarm.api.decisions import OnDeadline
+from nodewarm.api import enginecheck, lifecycle
+from nodewarm.api.decisions import OnDeadline, Reason
 from nodewarm.api.lifecycle import Phase
 from nodewarm.api.names import CACHE_REASON_ANNOTATION, GPUS_ANNOTATION, IMAGE_ANNOTATION, LAUNCH_FAILURE_ANNOTATION
 from nodewarm.api.timeline import AGENT_STEPS, Timeline
@@ -109,7 +109,9 @@ def waits_for(s: Subject, r: Row, now: float) -> list[str]:
     if r.phase is Phase.LAUNCHING:
         return [f"Karpenter to launch the instance ({r.reason}: {r.message})"]
     if r.phase is Phase.REGISTERING:
-        return ["the node to register (its kubelet joining the cluster)"]
+        if s.node_view is None:
+            return ["the node to register (its kubelet joining the cluster)"]
+        return [f"Karpenter to register the node ({r.message})"]
     if r.phase is Phase.REPLACING:
         return ["Karpenter to finish terminating it"]
     if r.phase is Phase.WARMING:
@@ -138,6 +140,8 @@ def waits_for(s: Subject, r: Row, now: float) -> list[str]:
         if isinstance(engine_check(s.node_view), enginecheck.Request):
             out.append("the engine check: vLLM booting on this node in its check pod, which the controller creates "
                        f"from PodTemplate {enginecheck.template_name(r.profile)} in the serving namespace")
+    elif r.phase is Phase.WARM and r.reason == Reason.TAINT_READDED:
+        out.append(f"the controller to lift the startup taint again ({r.message})")
     elif r.phase is Phase.WARM:
         out.append("the controller to lift the startup taint (the node reported Warm)")
     elif r.phase is Phase.SERVING:
@@ -195,6 +199,12 @@ def explain(obs: Observed, name: str, now: float, events_limit: int = 10) -> Exp
         notes.append(f"image pre-pull: {ann[IMAGE_ANNOTATION]}")
     if ann.get(GPUS_ANNOTATION):
         notes.append(f"GPUs: {ann[GPUS_ANNOTATION]}")
+    back = lifecycle.readded(s.node_view, s.taint_key()) if s.node_view is not None else None
+    if back is not None:
+        notes.append(f"the startup taint is back: nodewarm lifted it at {back.decided} ({back.decision}) and it is on "
+                     "the node again (Karpenter's registration merges the NodeClaim's startupTaints into the Node; an "
+                     "operator or a re-apply can put it back too): the node is undecided again, and the controller "
+                     "lifts it again once the node is Warm, or at its deadline")
     ec = engine_check(s.node_view)
     if isinstance(ec, enginecheck.Outcome) and ec.log_tail:
         notes.append("engine check, the engine's last lines: " + " | ".join(ec.log_tail[-ENGINE_TAIL_LINES:]))

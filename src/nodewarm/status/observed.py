@@ -97,13 +97,16 @@ class Subject:
         """A label of the Node, else of the NodeClaim."""
         return _label(self.node, key) or _label(self.claim, key)
 
+    def taint_key(self) -> str:
+        """The startup taint that gates this node (lifecycle.gating_taint)."""
+        p = self.profile
+        return lifecycle.gating_taint(p.taint_key if p else defaults.TAINT_KEY, p.retired_taint_keys if p else (),
+                                      self.node_view)
+
     def stage(self) -> Stage:
         """lifecycle.phase, with what only the objects say: when a deletion began, and Karpenter's own reason while
         it launches."""
-        p = self.profile
-        key = lifecycle.gating_taint(p.taint_key if p else defaults.TAINT_KEY, p.retired_taint_keys if p else (),
-                                     self.node_view)
-        s = lifecycle.phase(self.claim_view, self.node_view, key)
+        s = lifecycle.phase(self.claim_view, self.node_view, self.taint_key())
         if s.phase is Phase.REPLACING:
             deleted = self.claim if s.reason == NODECLAIM_DELETING else self.node
             return Stage(s.phase, parse_time(deleted["metadata"].get("deletionTimestamp")), s.reason, s.message)

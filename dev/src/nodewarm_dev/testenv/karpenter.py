@@ -21,10 +21,13 @@ Steps, each callable on its own so tests can stop between them:
    startupTaints + karpenter.sh/unregistered:NoExecute (AL2023 registerWithTaints); the API server's
    admission adds node.kubernetes.io/not-ready:NoSchedule itself.
 4. ``kubelet_ready``: Ready=True and the not-ready taint removed (the node lifecycle controller's job).
-5. ``mark_registered``: Karpenter links the Node *by providerID only*, removes karpenter.sh/unregistered,
-   labels karpenter.sh/registered=true, adds the karpenter.sh/termination finalizer and an owner
-   reference to the NodeClaim, sets status.nodeName and Registered=True.
-6. ``sync_initialized``: Initialized=True + label karpenter.sh/initialized=true only when the Node is
+5. ``mark_registered``: Karpenter's registration, once: it links the Node *by providerID only*, merges the
+   NodeClaim's taints and startupTaints back into it (key+effect, appended; not with
+   karpenter.sh/do-not-sync-taints=true), copies the NodeClaim's labels and annotations, adds the
+   karpenter.sh/termination finalizer and an owner reference, removes karpenter.sh/unregistered and labels
+   karpenter.sh/registered=true in one optimistic-locked patch, then sets status.nodeName and Registered=True.
+   ``hold_registration`` plays a registration hook that is not ready: the merge happens, nothing else.
+6. ``sync_initialized``: once Registered=True, Initialized=True + label karpenter.sh/initialized=true only when the Node is
    Ready and none of the NodeClaim's startupTaints nor the known-ephemeral taints remain; until then
    Initialized stays Unknown with the blocking reason (NodeNotReady, StartupTaintsExist, ...).
 Deleting is Karpenter's too: a NodeClaim or Node with the finalizer only gets a deletionTimestamp;
@@ -53,9 +56,12 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes
 from nodewarm.nodeclasses import drift, karpenterhash
+from nodewarm.api.views import UNREGISTERED_TAINT
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, Kube
 
-UNREGISTERED = {"key": "karpenter.sh/unregistered", "effect": "NoExecute"}
+UNREGISTERED = {"key": UNREGISTERED_TAINT, "effect": "NoExecute"}
+REGISTERED_LABEL = "karpenter.sh/registered"
+DO_NOT_SYNC_TAINTS = "karpenter.sh/do-not-sync-taints"     # Bottlerocket's: the provider, not registration, owns taints
 EPHEMERAL_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable",
                         "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered")
 EPHEMERAL_TAINT_PREFIX = "readiness.k8s.io/"
@@ -169,6 +175,7 @@ class KarpenterSim:
         self.zone, self.default_instance_type = zone, default_instance_type
         self.nodeclass_version = ec2nodeclass_hash_version
         self.ca_bundle = _ca_bundle(api_client) if ca_bundle is None else ca_bundle
+        self._held: dict[str, str] = {}      # NodeClaim -> the registration hook holding it back
 
     def nodepool_hash(self, np: dict) -> karpenterhash.StampedHash:
         return karpenterhash.nodepool_hash(np)
@@ -371,28 +378,95 @@ class KarpenterSim:
         return self.api.sanitize_for_serialization(
             core.patch_namespaced_pod_status(pod["metadata"]["name"], namespace, body))
 
-    def mark_registered(self, claim: str, ago_s: float = 0.0) -> dict:
-        """``ago_s`` dates Registered back: deadline tests (deadlines are >= 1m) need not wait a minute."""
+    def hold_registration(self, claim: str, hook: str = "test-registration-hook") -> None:
+        """A registration hook not ready for ``claim`` (cloudprovider.NodeLifecycleHook.Registered asking for a
+        requeue): until ``release_registration``, each ``mark_registered`` merges the NodeClaim's taints into the Node
+        but leaves karpenter.sh/unregistered on it and Registered Unknown (RegistrationHookPending, the hook's name)."""
+        self._held[claim] = hook
+
+    def release_registration(self, claim: str) -> None:
+        self._held.pop(claim, None)
+
+    def mark_registered(self, claim: str, ago_s: float = 0.0, tries: int = 5) -> dict:
+        """One pass of Karpenter's registration reconcile (kubernetes-sigs/karpenter
+        ``pkg/controllers/nodeclaim/lifecycle/registration.go`` at 2266468): only while Registered is Unknown (it
+        registers once); the Node linked by providerID; ``syncNode``: the termination finalizer, an owner reference
+        to the NodeClaim, the NodeClaim's ``spec.taints`` then ``spec.startupTaints`` appended where the Node lacks
+        their key and effect (unless the Node is labelled karpenter.sh/do-not-sync-taints=true), its annotations and
+        labels over the Node's; then, unless a hook holds it (``hold_registration``), karpenter.sh/unregistered
+        removed and karpenter.sh/registered=true, all in one optimistic-locked merge patch (a conflict re-reads);
+        then Registered=True and status.nodeName. ``ago_s`` dates Registered back: deadline tests (deadlines are
+        >= 1m) need not wait a minute."""
         c = self.kube.get(NODECLAIMS, claim)
+        registered = next((x for x in (c.get("status") or {}).get("conditions") or () if x["type"] == "Registered"),
+                          None)
+        if registered is not None and registered["status"] != "Unknown":
+            return c
         node = self.find_node(c["status"]["providerID"])
         if node is None:
             raise LookupError(f"NodeNotFound: no Node has providerID {c['status']['providerID']}")
-        self._remove_taints(node["metadata"]["name"], lambda t: t.get("key") == UNREGISTERED["key"],
-                            add_labels={"karpenter.sh/registered": "true"})
-        owner = {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": claim, "uid": c["metadata"]["uid"],
-                 "blockOwnerDeletion": True}
-        self.kube.merge_patch(NODES, node["metadata"]["name"], {"metadata": {
-            "finalizers": sorted({*(node["metadata"].get("finalizers") or ()), TERMINATION_FINALIZER}),
-            "ownerReferences": [owner]}})
+        hook = self._held.get(claim)
+        for _ in range(tries):
+            patch = self._sync_node(c, node, hold=hook is not None)
+            if patch is None:
+                break
+            try:
+                self.kube.merge_patch(NODES, node["metadata"]["name"], patch)
+                break
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                node = self.kube.get(NODES, node["metadata"]["name"])
+        else:
+            raise RuntimeError(f"node {node['metadata']['name']} kept changing during registration")
         status = c["status"]
+        if hook is not None:
+            status["conditions"] = _set_condition(status.get("conditions") or [],
+                                                  _cond("Registered", "Unknown", "RegistrationHookPending", hook))
+            return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
         status["nodeName"] = node["metadata"]["name"]
         status["conditions"] = _set_condition(status.get("conditions") or [],
                                               _cond("Registered", "True", "Registered", ago_s=ago_s))
         return self.kube.merge_patch(NODECLAIMS, claim, {"status": status}, sub="status")
 
+    @staticmethod
+    def _sync_node(c: dict, node: dict, hold: bool) -> dict | None:
+        """The merge patch registration sends for ``node`` (None: nothing to change), with its resourceVersion as
+        the optimistic lock (controller-runtime's MergeFromWithOptimisticLock)."""
+        md, spec = node["metadata"], node.get("spec") or {}
+        labels = {**(md.get("labels") or {}), **(c["metadata"].get("labels") or {})}
+        annotations = {**(md.get("annotations") or {}), **(c["metadata"].get("annotations") or {})}
+        finalizers = list(md.get("finalizers") or ())
+        if TERMINATION_FINALIZER not in finalizers:
+            finalizers.append(TERMINATION_FINALIZER)
+        owners = list(md.get("ownerReferences") or ())
+        if not any(o.get("kind") == "NodeClaim" and o.get("uid") == c["metadata"]["uid"] for o in owners):
+            owners.append({"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": c["metadata"]["name"],
+                           "uid": c["metadata"]["uid"], "blockOwnerDeletion": True})
+        taints = [dict(t) for t in spec.get("taints") or ()]
+        if (md.get("labels") or {}).get(DO_NOT_SYNC_TAINTS) != "true":
+            for t in (c["spec"].get("taints") or []) + (c["spec"].get("startupTaints") or []):
+                if not any(x["key"] == t["key"] and x["effect"] == t["effect"] for x in taints):    # Taints.Merge
+                    taints.append(dict(t))
+        if not hold:
+            taints = [t for t in taints if not (t["key"] == UNREGISTERED["key"]
+                                                and t["effect"] == UNREGISTERED["effect"])]
+            labels[REGISTERED_LABEL] = "true"
+        after = {"labels": labels, "annotations": annotations, "finalizers": finalizers, "ownerReferences": owners}
+        if all((md.get(k) or type(v)()) == v for k, v in after.items()) and (spec.get("taints") or []) == taints:
+            return None
+        return {"metadata": {**after, "resourceVersion": md["resourceVersion"]}, "spec": {"taints": taints or None}}
+
     # 6 -------------------------------------------------------------------------------------------------
     def sync_initialized(self, claim: str) -> bool:
+        """Karpenter's initialization reconcile (``lifecycle/initialization.go``): only once Registered=True and
+        while Initialized is Unknown (decided once: a startup taint put back later does not undo it)."""
         c = self.kube.get(NODECLAIMS, claim)
+        conds = {x["type"]: x for x in (c.get("status") or {}).get("conditions") or ()}
+        if "Initialized" in conds and conds["Initialized"]["status"] != "Unknown":
+            return conds["Initialized"]["status"] == "True"
+        if (conds.get("Registered") or {}).get("status") != "True":
+            return False
         node = self.find_node((c.get("status") or {}).get("providerID", ""))
         if node is None:
             return False
@@ -547,7 +621,7 @@ class KarpenterSim:
                 return c["metadata"]["name"]
         return None
 
-    def _remove_taints(self, node: str, match, add_labels: dict | None = None, tries: int = 5) -> dict:
+    def _remove_taints(self, node: str, match, tries: int = 5) -> dict:
         """Guarded JSON patch (test-then-remove), like any careful controller: others' taints survive."""
         for _ in range(tries):
             n = self.kube.get(NODES, node)
@@ -557,8 +631,6 @@ class KarpenterSim:
                 if match(taints[i]):
                     ops += [{"op": "test", "path": f"/spec/taints/{i}", "value": taints[i]},
                             {"op": "remove", "path": f"/spec/taints/{i}"}]
-            for k, v in (add_labels or {}).items():
-                ops.append({"op": "add", "path": "/metadata/labels/" + k.replace("~", "~0").replace("/", "~1"), "value": v})
             if not ops:
                 return n
             try:

@@ -1,18 +1,21 @@
 """Untaint phase -> condition Untainted: the Node reported nodewarm.io/Warm=True, so the write lifts the readiness
 taint, labels the node (the generation it warmed included) and records the decision. A node kept past its deadline
-(onDeadline=keep) that turns Warm late is lifted the same way; until then it waits for the node's next change."""
+(onDeadline=keep) that turns Warm late is lifted the same way; until then it waits for the node's next change. So is
+a node whose taint is back after a lift (nodewarm.api.lifecycle.readded): told as TaintReAdded, and counted."""
 
 from __future__ import annotations
 
 import re
 
+from nodewarm.api import lifecycle
 from nodewarm.api.decisions import ConditionType, Decision, EventReason, Reason
 from nodewarm.api.lifecycle import Phase
+from nodewarm.api.timeutil import parse_time
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_LABEL, CACHE_OUTCOMES, CACHE_REASON_ANNOTATION, GENERATION_LABEL, MODEL_LABEL,
     PROFILE_LABEL, WARM_LABEL,
 )
-from nodewarm.api.views import Condition, NodeView, warm_generation
+from nodewarm.api.views import Condition, NodeView, WarmState, warm_generation
 from nodewarm.api.warmprofile import WarmProfile
 
 from .phase import Lift, Observed, Step, phase_times
@@ -78,18 +81,36 @@ def reconcile(seen: Observed, earlier: tuple[Condition, ...]) -> Step:
     if seen.stage.phase is not Phase.WARM:
         return Step((gated,))
     kept = node.state is not None and node.state.decision == Decision.DEADLINE_KEEP
+    back = lifecycle.readded(node, seen.taint_key)
     # Only the contract's values reach labels and metric labels (an odd annotation must not mint series).
     cache = node.annotations.get(CACHE_ANNOTATION, "")
     cache = cache if cache in CACHE_OUTCOMES else "unknown"
     why = node.annotations.get(CACHE_REASON_ANNOTATION, "")
     msg = (f"removed {seen.taint_key}: node Warm ({node.warm.reason}); model {model_label(p)}, compile cache {cache}"
            + (f" ({why})" if why else "") + ("; after its deadline (onDeadline=keep)" if kept else ""))
+    lift = Lift("true", cache, warm_generation(node.annotations))
+    if back is not None:
+        msg = f"{seen.taint_key} was back on the node after nodewarm lifted it at {back.decided} ({_who(seen, back)}); " \
+              f"{msg}"
+        # Counted as a lift again, never timed again: the node's phases were observed at the first lift.
+        return Step((gated,), done=True, decision=Decision.UNTAINTED, lift=lift,
+                    events=seen.events(EventReason.TAINT_READDED, msg, "Warning", f"node {node.name}: {msg}"),
+                    counters=(("taints_removed", ""), ("taints_readded", "")))
     return Step(
         (gated,), done=True, decision=Decision.UNTAINTED,
         # The generation label the vLLM pods select on, in this same write (nodewarm/bootstrap/nodestatus.py says why).
-        lift=Lift("true", cache, warm_generation(node.annotations)),
+        lift=lift,
         events=seen.events(EventReason.UNTAINTED, msg, claim_message=f"node {node.name}: {msg}"),
         durations=_durations(phase_times(seen.claim, node), seen.now),
         # Only "cold" is final at warm time; hit/miss are counted when serving proves them (the manager's Node
         # handler), so a restored bundle is never counted as if it were a hit.
         counters=(("taints_removed", ""),) + ((("compile_cache", cache),) if cache == "cold" else ()))
+
+
+def _who(seen: Observed, back: WarmState) -> str:
+    """Who most likely put the taint back: Karpenter's registration if it completed after the lift (it merges the
+    NodeClaim's startupTaints into the Node; the record holds the registration time known when it lifted, which a
+    lift before registration took from the Node's creation), else someone or something else."""
+    if seen.claim.registered is not None and parse_time(back.registered) != seen.claim.registered:
+        return "Karpenter's registration merges the NodeClaim's startupTaints into the Node"
+    return "not by nodewarm: an operator, a re-apply, or another controller"

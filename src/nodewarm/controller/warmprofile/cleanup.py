@@ -9,12 +9,18 @@ to finish and what it costs, and the reconciler looks again as NodeClaims come a
 RoleBindings go first, whatever the taint does: no agent of a deleted profile serves peers (peerkeys.py). The NodeClass's user data
 (and instanceStorePolicy) stays either way: removing it would replace every node of the class, and an agent whose
 profile is gone only reports ProfileNotFound.
+
+A node Karpenter has not registered yet is not lifted (its registration would merge the taint back from its
+NodeClaim, lifecycle.registration_pending), and while any NodeClaim of the pool is unregistered the finalizer stays
+(AwaitingRegistration): a NodeClaim keeps the startupTaints it was created with, so its node registers under the
+taint, and only this profile's clean-up would lift it.
 """
 
 from __future__ import annotations
 
 from kubernetes.client.exceptions import ApiException
 
+from nodewarm.api import lifecycle
 from nodewarm.api.names import CLEANUP_CONDITION, CLEANUP_FINALIZER
 from nodewarm.api.views import Condition, NodeView
 from nodewarm.api.warmprofile import WarmProfile
@@ -48,7 +54,7 @@ def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:
             if done is not None and not done.done:
                 held.append(done)
                 continue
-            lifted = lift_taint(mgr.kube, mgr.nodes.store.values(), pool, key)
+            lifted = lift_taint(mgr.kube, mgr.nodes.store.values(), pool, key, _unregistered(mgr, pool))
             mgr.log.info("profile.cleaned", profile=view.name, nodepool=pool, taint=key, nodes_untainted=lifted)
     except Exception:
         for ev in events:       # what was done before the failure is told all the same; the retry will not
@@ -58,6 +64,12 @@ def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:
         cond = cleanup_held(view.name, pool, [r.taint_key for r in held], max(r.drifting for r in held), view.profile)
         mgr.log.info("profile.cleanup_held", profile=view.name, nodepool=pool, nodeclaims=held[0].drifting)
         return Step(cond, events=tuple(events) + warning(view, cond))
+    waiting = sorted(_unregistered(mgr, pool)) if pool and keys else []
+    if waiting:
+        # The claims' registrations re-queue this profile (the manager's NodeClaim handler).
+        cond = awaiting_registration(view.name, pool, waiting)
+        mgr.log.info("profile.cleanup_awaits_registration", profile=view.name, nodepool=pool, nodeclaims=waiting)
+        return Step(cond, events=tuple(events))
     return Step(events=tuple(events), finalizer_ops=(
         {"op": "test", "path": "/metadata/finalizers", "value": list(view.finalizers)},
         {"op": "replace", "path": "/metadata/finalizers",
@@ -88,11 +100,24 @@ def _release(injector: Injector, view: ProfileView, pool: str, key: str, on_live
     return done
 
 
-def lift_taint(kube: Kube, nodes, pool: str, key: str) -> int:
-    """Remove ``key`` from every node of ``pool`` still carrying it (guarded, like the NodeClaim reconciler's)."""
+def _unregistered(mgr: Manager, pool: str) -> set[str]:
+    """The pool's NodeClaims (not being deleted) that Karpenter has not registered yet, with their Nodes' names."""
+    out = set()
+    for claim in list(mgr.claims.store.values()):
+        if claim.nodepool != pool or claim.deleting:
+            continue
+        node = mgr.node_for(claim)
+        if claim.registered is None or (node is not None and lifecycle.registration_pending(claim, node)):
+            out |= {claim.name} | ({node.name} if node is not None else set())
+    return out
+
+
+def lift_taint(kube: Kube, nodes, pool: str, key: str, unregistered: set[str] = frozenset()) -> int:
+    """Remove ``key`` from every node of ``pool`` still carrying it (guarded, like the NodeClaim reconciler's), but
+    the ``unregistered`` ones: registration would put it back."""
     lifted = 0
     for node in list(nodes):
-        if node.nodepool != pool or not node.has_taint(key):
+        if node.nodepool != pool or not node.has_taint(key) or node.name in unregistered:
             continue
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
@@ -108,6 +133,14 @@ def lift_taint(kube: Kube, nodes, pool: str, key: str) -> int:
                 if not node.has_taint(key):
                     break
     return lifted
+
+
+def awaiting_registration(profile: str, pool: str, names: list[str]) -> Condition:
+    return Condition(
+        CLEANUP_CONDITION, "False", "AwaitingRegistration",
+        f"WarmProfile {profile} is deleted and its startup taint is out of NodePool {pool}, but {', '.join(names)} "
+        "has not been registered by Karpenter yet: its NodeClaim keeps the startupTaints it was created with and "
+        "registration puts them on the Node, so the clean-up lifts the taint once it has registered, then finishes")
 
 
 def cleanup_held(profile: str, pool: str, keys: list[str], nodeclaims: int, p: WarmProfile | None) -> Condition:
