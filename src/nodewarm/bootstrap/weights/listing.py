@@ -17,6 +17,7 @@ from typing import Iterator
 from ..s3client import RetryPolicy, S3ObjectMissing, S3Uri, call_with_retries
 from . import rangeget
 from .manifest import RemoteObject, rel_path_for, select
+from .s3pull import PullConfig
 
 # The checksums S3 may hold for an object, strongest first (the order verify.method_for prefers them in).
 CHECKSUM_ALGORITHMS = ("CRC64NVME", "CRC32C", "CRC32", "SHA256", "SHA1")
@@ -25,7 +26,7 @@ CHECKSUM_ALGORITHMS = ("CRC64NVME", "CRC32C", "CRC32", "SHA256", "SHA1")
 class _Heads:
     """HEADs of one listing: one persistent connection per listing thread."""
 
-    def __init__(self, client, bucket: str, prefix: str, policy: RetryPolicy, timeouts: tuple[float, float]):
+    def __init__(self, client, bucket: str, prefix: str, policy: RetryPolicy, timeouts: tuple[float, float, float]):
         self.client, self.bucket, self.prefix, self.policy, self.timeouts = client, bucket, prefix, policy, timeouts
         https = client.meta.endpoint_url.startswith("https")
         self.ssl_context = rangeget.ssl_context_for(client) if https else None
@@ -38,7 +39,7 @@ class _Heads:
         if conn is None or conn.endpoint != endpoint:
             if conn is not None:
                 conn.close()
-            conn = self.local.conn = rangeget.Connection(endpoint, *self.timeouts, self.ssl_context)
+            conn = self.local.conn = rangeget.Connection(endpoint, *self.timeouts[:2], self.ssl_context)
             with self.lock:
                 self.conns.append(conn)
         return conn
@@ -48,7 +49,7 @@ class _Heads:
                                                  ExpiresIn=900)
         conn = self._conn(rangeget.endpoint_of(url))
         try:
-            return conn.head(url, headers)
+            return conn.head(url, headers, self.timeouts[2])
         except BaseException:
             conn.close()
             raise
@@ -113,11 +114,12 @@ def list_keys(client, uri: S3Uri, policy: RetryPolicy,
     return sorted((listed[k] for k in wanted), key=lambda o: o.key), skipped
 
 
-def heads(client, uri: S3Uri, keys: list[str], policy: RetryPolicy, workers: int = 16,
-          timeouts: tuple[float, float] = (5.0, 10.0)) -> Iterator[RemoteObject]:
+def heads(client, uri: S3Uri, keys: list[str], policy: RetryPolicy, timeouts: tuple[float, float, float],
+          workers: int = 16) -> Iterator[RemoteObject]:
     """HEAD each key (VersionId and checksums are not in the listing), ``workers`` at a time; yields the
     objects in the order of ``keys`` as soon as each is known, so the pull starts after the first HEAD, not
-    the last. ``timeouts``: (connect, stall) seconds for the HEADs' connections, as for the pull's.
+    the last. ``timeouts``: (connect, stall, low-speed window) seconds for the HEADs' connections, as for the
+    pull's (each response must arrive whole within the window).
     Closing the iterator early cancels the HEADs not yet sent."""
     h = _Heads(client, uri.bucket, uri.prefix, policy, timeouts)
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys))), thread_name_prefix="s3head")
@@ -128,8 +130,11 @@ def heads(client, uri: S3Uri, keys: list[str], policy: RetryPolicy, workers: int
         h.close()
 
 
-def list_model(client, uri: S3Uri, policy: RetryPolicy, workers: int = 16, exclude: tuple[str, ...] = (),
-               timeouts: tuple[float, float] = (5.0, 10.0)) -> tuple[list[RemoteObject], list[str]]:
-    """List the prefix and HEAD every wanted object. Returns (objects sorted by key, skipped keys)."""
+def list_model(client, uri: S3Uri, policy: RetryPolicy, workers: int = 16,
+               exclude: tuple[str, ...] = ()) -> tuple[list[RemoteObject], list[str]]:
+    """List the prefix and HEAD every wanted object, with the pull's default timeouts. Returns (objects sorted by
+    key, skipped keys)."""
+    d = PullConfig()
     listed, skipped = list_keys(client, uri, policy, exclude)
-    return list(heads(client, uri, [o.key for o in listed], policy, workers, timeouts)), skipped
+    timeouts = (d.connect_timeout_s, d.stall_timeout_s, d.low_speed_time_s)
+    return list(heads(client, uri, [o.key for o in listed], policy, timeouts, workers)), skipped

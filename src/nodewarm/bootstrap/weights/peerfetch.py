@@ -155,7 +155,7 @@ class PeerSource:
             self.inflight[peer.node] += 1
         try:
             try:
-                resp = conn.get(f"http://{peer.host}:{peer.port}{target}", headers)
+                resp = conn.get(f"http://{peer.host}:{peer.port}{target}", headers, self.low_speed_time_s)
             except ClientError as e:
                 status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
                 if status in (404, 416, 503):

@@ -271,7 +271,7 @@ def _warm(cfg: WeightsConfig, dest: Path, summary: WeightsSummary, phase: _Phase
         checker = _LoadChecker(dest, cfg.streamer) if cfg.load_check else None
         try:
             objects = listing.heads(client, uri, [o.key for o in listed], base.retry,
-                                    timeouts=(base.connect_timeout_s, base.stall_timeout_s))
+                                    (base.connect_timeout_s, base.stall_timeout_s, base.low_speed_time_s))
             # Files this run does not fetch are checked as each is decided; fetched ones as each lands.
             on_keep = _both(checker.submit_one if checker else None,
                             cfg.holdings.mark_verified if cfg.holdings is not None else None)

@@ -11,6 +11,11 @@ skew all botocore's); ``Range`` and ``If-Match`` travel as ordinary headers, whi
 presigned signature. Connection setup (TLS with botocore's CA bundle, an HTTP(S) proxy by CONNECT) is
 http.client's. Only the response is read here: status line and headers, then the body with
 ``recv_into`` into the caller's buffer.
+
+Every read of a response is bounded by the caller's low-speed window, not only by the socket timeout: a server
+that trickles bytes (one a second) never lets a single read wait out the stall timeout, and would otherwise hold
+the connection as long as it likes. The body must keep up a rate over each window (``read_body``); the head, and
+an error's body, are too few bytes for a rate, so each must arrive whole within one window.
 """
 
 from __future__ import annotations
@@ -158,7 +163,8 @@ class Connection:
         conn.sock.settimeout(self.stall_timeout_s)  # silence on an open connection: a stall, retried
         self.sock = conn.sock
 
-    def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    def _send(self, method: str, url: str, headers: dict[str, str],
+              low_speed_time_s: float) -> tuple[int, dict[str, str], bytes]:
         u = urlsplit(url)
         target = u.path + ("?" + u.query if u.query else "")
         lines = [f"{method} {target} HTTP/1.1", f"Host: {u.netloc}", "Accept-Encoding: identity",
@@ -168,7 +174,7 @@ class Connection:
             self._connect()
         try:
             self.sock.sendall(request)
-            return self._read_head()
+            return self._read_head(low_speed_time_s)
         except OSError:
             if self.sock is None:
                 raise
@@ -176,32 +182,39 @@ class Connection:
             self.close()
             self._connect()
             self.sock.sendall(request)
-            return self._read_head()
+            return self._read_head(low_speed_time_s)
 
-    def head(self, url: str, headers: dict[str, str]) -> dict[str, str]:
+    def head(self, url: str, headers: dict[str, str], low_speed_time_s: float) -> dict[str, str]:
         """Send a HEAD for the presigned ``url``; return the 2xx response's headers (lower-case names), raise
-        ClientError otherwise (a HEAD error has no body: the code is the status, as botocore reports it)."""
-        status, head, _ = self._send("HEAD", url, headers)
+        ClientError otherwise (a HEAD error has no body: the code is the status, as botocore reports it).
+
+        ``low_speed_time_s``: the response must arrive within it, as in ``get``."""
+        status, head, _ = self._send("HEAD", url, headers, low_speed_time_s)
         if 200 <= status < 300:
             self.response_done(head)
             return head
         self.close()  # whatever an error reply carries after its head is not ours to parse
         raise error_from(status, b"", "HeadObject")
 
-    def get(self, url: str, headers: dict[str, str]) -> Response:
-        """Send a GET for the presigned ``url``; return the 2xx response, raise ClientError otherwise."""
-        status, head, rest = self._send("GET", url, headers)
+    def get(self, url: str, headers: dict[str, str], low_speed_time_s: float) -> Response:
+        """Send a GET for the presigned ``url``; return the 2xx response, raise ClientError otherwise.
+
+        ``low_speed_time_s`` is the window of the low-speed limit its body will be read under (``read_body``):
+        the head, and an error's body, must each arrive within it, else Retryable, as for a body too slow."""
+        status, head, rest = self._send("GET", url, headers, low_speed_time_s)
         if 200 <= status < 300:
             if "content-length" not in head:
                 self.close()
                 raise Retryable(f"HTTP {status} without Content-Length")
             return Response(self, status, head, rest)
-        body = self._read_error_body(head, rest)
+        body = self._read_error_body(head, rest, low_speed_time_s)
         raise error_from(status, body)
 
-    def _read_head(self) -> tuple[int, dict[str, str], bytes]:
+    def _read_head(self, low_speed_time_s: float) -> tuple[int, dict[str, str], bytes]:
+        deadline = time.monotonic() + low_speed_time_s
         data = bytearray()
         while (end := data.find(b"\r\n\r\n")) < 0:
+            self._by(deadline, "response head", low_speed_time_s)
             chunk = self.sock.recv(65536)
             if not chunk:
                 self.close()
@@ -221,7 +234,7 @@ class Connection:
             headers[name.strip().lower()] = value.strip()
         return int(m[1]), headers, bytes(data[end + 4:])
 
-    def _read_error_body(self, headers: dict[str, str], rest: bytes) -> bytes:
+    def _read_error_body(self, headers: dict[str, str], rest: bytes, low_speed_time_s: float) -> bytes:
         """Up to 64 KiB of an error response's body (S3's XML); the connection is kept only when the
         body was read whole."""
         try:
@@ -230,8 +243,10 @@ class Connection:
             length = -1
         body = bytearray(rest)
         if 0 <= length <= _MAX_ERROR_BODY:
+            deadline = time.monotonic() + low_speed_time_s
             try:
                 while len(body) < length:
+                    self._by(deadline, "error body", low_speed_time_s)
                     chunk = self.sock.recv(length - len(body))
                     if not chunk:
                         break
@@ -244,6 +259,12 @@ class Connection:
                 return bytes(body)
         self.close()
         return bytes(body)
+
+    def _by(self, deadline: float, what: str, window_s: float) -> None:
+        """Before each further read of ``what``: past ``deadline`` the server is too slow (Retryable)."""
+        if time.monotonic() > deadline:
+            self.close()
+            raise Retryable(f"slower than the low-speed limit: {what} not complete within {window_s:g}s")
 
     def response_done(self, headers: dict[str, str]) -> None:
         if headers.get("connection", "").lower() == "close":

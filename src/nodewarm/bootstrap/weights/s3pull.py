@@ -648,7 +648,7 @@ class _Conn:
             self.close()
             self.conn = rangeget.Connection(endpoint, self.cfg.connect_timeout_s, self.cfg.stall_timeout_s,
                                             self.ssl_context)
-        return self.conn.get(url, headers)
+        return self.conn.get(url, headers, self.cfg.low_speed_time_s)
 
     def close(self) -> None:
         if self.conn is not None:
