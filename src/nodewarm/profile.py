@@ -215,11 +215,11 @@ def from_dict(doc: dict) -> WarmProfile:
                             on_live=s.get("injection", {}).get("onLive", default("injection.onLive"))),
         raw=doc,
         models=tuple(ExtraModel(name=e["name"], model=Model(uri=e["uri"], size_gb=e.get("sizeGB"),
-                                                             revision=e.get("revision", "")),
+                                                             revision=e.get("revision", ""), where=f"spec.models[{i}]"),
                                 priority=e.get("priority", default("models.priority")),
                                 required=e.get("required", default("models.required")),
                                 replicas=e.get("replicas", default("models.replicas")))
-                     for e in s.get("models", ())),
+                     for i, e in enumerate(s.get("models", ()))),
     )
 
 
@@ -277,6 +277,18 @@ def gpu_memory_utilization(p: WarmProfile) -> float:
     return u if 0 < u <= 1 else VLLM_GPU_MEMORY_UTILIZATION
 
 
+def weights_budget_gib(p: WarmProfile, it: instancetypes.InstanceType) -> float:
+    """What one GPU of ``it`` has for ``p``'s weights: vLLM's share of its memory less the KV-cache/activation
+    reserve."""
+    return gpu_memory_utilization(p) * it.gpu_memory_mib / 1024 - KV_ACTIVATION_RESERVE_GIB
+
+
+def largest_weights_gb(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> float:
+    """The largest weights check_gpu_memory accepts for ``p``: what TP x PP GPUs of every allowed type hold."""
+    per_gpu = min(weights_budget_gib(p, types[name]) for name in p.nodes.instance_types)
+    return max(0.0, per_gpu) * p.serving.tensor_parallel_size * pipeline_parallel_size(p) * sizing.GIB / sizing.GB
+
+
 def check_gpu_memory(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     """The weights must fit every allowed type's GPUs: size / (TP x PP) per GPU, within vLLM's share of the GPU's
     memory less the KV-cache/activation reserve. Karpenter may launch any allowed type, so all must fit."""
@@ -292,7 +304,7 @@ def check_gpu_memory(p: WarmProfile, types: dict[str, instancetypes.InstanceType
         it = types[name]
         mem_gib = it.gpu_memory_mib / 1024
         usable = util * mem_gib
-        budget = usable - reserve
+        budget = weights_budget_gib(p, it)
         if per_gpu_gib(tp * pp) <= budget:
             continue
         layout = f"TP={tp}" + (f" x PP={pp}" if pp > 1 else "")
@@ -406,9 +418,9 @@ def check_models(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -
     """spec.models: names and folders of their own, Service names Kubernetes accepts, and the required models
     (spec.model plus each required one) together on the NVMe of every allowed type, as the taint waits for all."""
     seen_names: set[str] = set()
-    folders = {(p.model.uri, p.model.revision): "spec.model"}
-    for i, e in enumerate(p.models):
-        where = f"spec.models[{i}]"
+    folders = {(p.model.uri, p.model.revision): p.model.where}
+    for e in p.models:
+        where = e.model.where
         if e.name in seen_names:
             raise ProfileError(f"{where}.name", e.name, "another model of spec.models has this name (its Deployment, "
                                "Service, Node label and folder would be the same): give each model its own name")
@@ -433,15 +445,15 @@ def check_models(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -
         return
     smallest = min(p.nodes.instance_types, key=lambda t: types[t].nvme_gb)
     nvme = types[smallest].nvme_gb
-    total, parts = p.model.size_gb, [f"spec.model {p.model.size_gb:g} GB"]
-    for i, e in enumerate(p.models):
+    total, parts = p.model.size_gb, [f"{p.model.where} {p.model.size_gb:g} GB"]
+    for e in p.models:
         if not e.required:
             continue
         total += e.model.size_gb
-        parts.append(f"spec.models[{i}] {e.model.size_gb:g} GB")
+        parts.append(f"{e.model.where} {e.model.size_gb:g} GB")
         need = sizing.required_nvme_gb(total)
         if need > nvme:
-            raise ProfileError(f"spec.models[{i}].required", True,
+            raise ProfileError(f"{e.model.where}.required", True,
                                f"the required models ({' + '.join(parts)} = {total:g} GB) plus "
                                f"{sizing.headroom_gb(total):.0f} GB headroom need {need:.0f} GB, but {smallest} has "
                                f"{nvme} GB of NVMe; make this model not required (it then warms after the taint is "

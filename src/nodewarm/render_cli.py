@@ -102,8 +102,8 @@ def _claims(p: WarmProfile) -> dict[str, tuple[str, str]]:
     profile's own (metadata.name), each of spec.models has its view's (nodewarm.api.models); a /models/<name>
     folder, a Service and a Node label go with each."""
     out = {p.name: ("metadata.name", p.name)}
-    for i, e in enumerate(p.models):
-        out[models.view_name(p.name, e.name)] = (f"spec.models[{i}].name", e.name)
+    for e in p.models:
+        out[models.view_name(p.name, e.name)] = (f"{e.model.where}.name", e.name)
     return out
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import ProfileError
-from nodewarm.api import servingspec
+from nodewarm.api import models, servingspec
 from nodewarm.api.podlayout import model_path
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import podrun
@@ -82,9 +82,21 @@ def _profile(extra=(), eager=True):
     return p, types
 
 
-def _vllm_args(p, types) -> list[str]:
-    dep = next(d for d in render(p, types).documents if d["kind"] == "Deployment")
+def _vllm_args(p, types, deployment: str | None = None) -> list[str]:
+    """The argv of the Deployment named ``deployment`` (default: the first model's) that ``p`` renders."""
+    dep = next(d for d in render(p, types).documents
+               if d["kind"] == "Deployment" and d["metadata"]["name"] == (deployment or f"{p.name}-vllm"))
     return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")["args"]
+
+
+def _unsized(tp: int):
+    """A further model without sizeGB (docs/models.md): its view and its Deployment's argv."""
+    p = profile.from_dict(v(metadata__name="tiny", spec__serving__tensorParallelSize=tp,
+                            spec__models=[{"name": "embed", "uri": "s3://other-bucket/embed/"}]))
+    types = instancetypes.lookup(list(p.nodes.instance_types))
+    profile.check(p, types)
+    view = models.views(p)[1]
+    return view, _vllm_args(p, types, f"{view.name}-vllm")
 
 
 def _examples():
@@ -107,6 +119,7 @@ def parsed():
     base = _vllm_args(*_profile())
     module += [base + list(extra) for extra, _ in REFUSED]
     module += [base + ["--enable-prefix-caching", "false"]]          # as written, not as rendered
+    module += [_unsized(tp)[1] for tp in (1, 2)]
     # `vllm serve`, as the start script execs it where the CLI runs (the GPU images): the model positional.
     serve = [serve_command(True, True, args)[4:] for args in module]
     venv = podrun.require_serving_venv()
@@ -138,7 +151,7 @@ def _means_the_profile(ns: dict, p) -> None:
     assert ns["tensor_parallel_size"] == s.tensor_parallel_size and ns["dtype"] == s.dtype
     assert ns["max_model_len"] == s.max_model_len and ns["port"] == s.port and ns["host"] == "0.0.0.0"
     assert ns["load_format"] == "runai_streamer"
-    assert ns["model_loader_extra_config"] == {"concurrency": p.concurrency,
+    assert ns["model_loader_extra_config"] == {**({"concurrency": p.concurrency} if p.concurrency is not None else {}),
                                                **({"distributed": True} if s.tensor_parallel_size > 1 else {})}
 
 
@@ -160,6 +173,14 @@ def test_every_accepted_spelling_means_to_vllm_what_nodewarm_read(parsed, extra,
     _means_the_profile(ns, p)
     for dest, value in means.items():
         assert _get(ns, dest) == value, (dest, _get(ns, dest))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_model_without_a_size_leaves_the_concurrency_to_the_streamers_default(parsed, tp):
+    view, args = _unsized(tp)
+    ns = _ns(parsed, args)
+    _means_the_profile(ns, view)
+    assert "concurrency" not in ns["model_loader_extra_config"]
 
 
 @pytest.mark.parametrize("extra, instead", REFUSED, ids=[" ".join(e) for e, _ in REFUSED])

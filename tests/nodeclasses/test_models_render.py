@@ -5,8 +5,12 @@ object, so adding, removing or rolling a model drifts no node (Karpenter's hashe
 from __future__ import annotations
 
 import copy
+import json
+import math
+import re
 
 import pytest
+import yaml
 
 from nodewarm import instancetypes, profile
 from nodewarm.api import models
@@ -15,8 +19,10 @@ from nodewarm.api.generation import generation
 from nodewarm.api.names import GENERATION_LABEL, NODEPOOL_LABEL, PROFILE_LABEL
 from nodewarm.api.podlayout import model_dir, model_path
 from nodewarm.nodeclasses import driftpreview, karpenterhash as kh
+from nodewarm.cli import main
 from nodewarm.nodeclasses.render import render
-from nodewarm.render_cli import check_claims
+from nodewarm.render_cli import check_claims, load_checked
+from support import paths
 from support.builders import INSTANCE_TYPE, POOL, v
 
 CODER = {"name": "coder", "uri": "s3://models-bucket/coder-7b/", "sizeGB": 15, "required": True, "replicas": 2}
@@ -84,6 +90,66 @@ def test_each_extra_model_gets_its_deployment_service_and_pdb_placed_by_its_own_
     assert "affinity" not in first
     # One start script for all the profile's models.
     assert [c["metadata"]["name"] for c in kinds(docs, "ConfigMap")] == ["qwen3-35b-vllm-serve-start"]
+
+
+def doc_profile() -> dict:
+    """The profile docs/models.md shows under "The profile" (its first yaml block there), completed with the base
+    profile's other fields: what a reader copies."""
+    section = (paths.REPO / "docs" / "models.md").read_text().split("\n## The profile\n", 1)[1].split("\n## ", 1)[0]
+    spec = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))["spec"]
+    return v(**{f"spec__{k}": x for k, x in spec.items()})
+
+
+def test_the_profile_docs_models_md_shows_renders(tmp_path, capsys):
+    f = tmp_path / "profile.yaml"
+    f.write_text(yaml.safe_dump(doc_profile()))
+    p, types = load_checked(str(f))          # what `nodewarm render -f` loads and checks
+    docs = render(p, types).documents
+    assert p.models and [d["metadata"]["name"] for d in kinds(docs, "Deployment")] == [
+        f"{view.name}-vllm" for view in models.views(p)]
+    assert main(["render", "-f", str(f)]) == 0
+    assert "Deployment" in [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+
+
+def unsized(m):
+    return {k: x for k, x in m.items() if k != "sizeGB"}
+
+
+def vllm_container(docs, name):
+    return named(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+
+
+def loader_config(c) -> dict:
+    return json.loads(next(a for a in c["args"] if a.startswith("--model-loader-extra-config=")).split("=", 1)[1])
+
+
+def test_a_model_without_a_size_streams_at_the_streamers_default_and_its_probe_waits_for_the_largest_weights():
+    p, types = checked(v(spec__models=[unsized(EMBED)]))
+    view = models.views(p)[1]
+    assert view.concurrency is None                             # the streamer's own default, not the formula's
+    c = vllm_container(render(p, types).documents, "qwen3-35b-embed-vllm")
+    assert loader_config(c) == {"distributed": True}            # TP=2
+    # The budget of the largest weights the pod's GPUs serve: the largest size check_gpu_memory accepts.
+    largest = profile.largest_weights_gb(p, types)
+    checked(v(spec__model__sizeGB=largest - 0.01))
+    with pytest.raises(ProfileError, match="use TP >= 4"):
+        checked(v(spec__model__sizeGB=largest + 0.01))
+    as_large = vllm_container(rendered(v(spec__models=[dict(EMBED, sizeGB=largest)])).documents,
+                              "qwen3-35b-embed-vllm")
+    assert c["startupProbe"] == as_large["startupProbe"]
+    assert loader_config(as_large) == {"concurrency": math.ceil(largest / 4), "distributed": True}
+    small = vllm_container(rendered(v(spec__models=[EMBED])).documents, "qwen3-35b-embed-vllm")
+    assert small["startupProbe"]["failureThreshold"] < c["startupProbe"]["failureThreshold"]
+
+
+def test_a_views_model_is_named_by_its_own_entry_of_spec_models():
+    """Views warm in another order than the document lists them (required first): each model's fields are still
+    named by its own entry, never as spec.model, whose place its view takes."""
+    p, _ = checked(v(spec__models=[EMBED, CODER]))
+    assert [(view.name, view.model.where) for view in models.views(p)] == [
+        ("qwen3-35b", "spec.model"), ("qwen3-35b-coder", "spec.models[1]"), ("qwen3-35b-embed", "spec.models[0]")]
+    e = refused(v(spec__models=[EMBED, unsized(CODER)]))
+    assert e.field == "spec.models[1].sizeGB"
 
 
 def test_a_profile_without_models_renders_exactly_what_it_did():
@@ -225,9 +291,6 @@ def test_a_model_name_too_long_for_its_service_is_refused():
 
 
 def test_a_required_model_needs_its_size():
-    def unsized(m):
-        return {k: x for k, x in m.items() if k != "sizeGB"}
-
     e = refused(v(spec__models=[unsized(CODER)]))
     assert e.field == "spec.models[0].sizeGB" and e.value is None
     checked(v(spec__models=[unsized(EMBED)]))       # not required: nothing waits for it
@@ -279,9 +342,6 @@ def test_two_profiles_on_one_nodepool_are_refused_and_a_profile_beside_its_own_c
 
 
 def test_render_refuses_a_clash_with_also(tmp_path, capsys):
-    import yaml
-    from nodewarm.cli import main
-
     (tmp_path / "a.yaml").write_text(yaml.safe_dump(v(spec__models=[CODER])))
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(v(metadata__name="llama")))
     assert main(["render", "-f", str(tmp_path / "a.yaml"), "--also", str(tmp_path / "b.yaml")]) == 2

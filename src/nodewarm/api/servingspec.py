@@ -47,8 +47,8 @@ _PROFILE_SETS = {
     "port": "set spec.serving.port (the Service and the probes use it)",
     "host": "remove it: vLLM listens on 0.0.0.0 so the Service and the kubelet's probes reach it",
     "load-format": "remove it: nodewarm loads the weights with runai_streamer from the node's NVMe",
-    "model-loader-extra-config": "remove it: the streamer is tuned from spec.serving.chunkSizeGB and "
-                                 "spec.model.sizeGB (concurrency)",
+    "model-loader-extra-config": "remove it: the streamer is tuned from spec.serving.chunkSizeGB and each "
+                                 "model's sizeGB (concurrency)",
     # The pod requests TP x PP GPUs; data parallelism inside it would need more than it gets.
     "data-parallel-size": "scale out with spec.serving.replicas (one pod serves one data-parallel rank)",
     "config": "write the flags themselves into spec.serving.extraArgs: a config file's flags would reach vLLM "

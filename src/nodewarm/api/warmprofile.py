@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .errors import ProfileError
-
 GIB = 2**30
 # spec.bootstrap.imagePrepullTimeout when it is left out and the readiness deadline allows (profile.py
 # default_prepull_timeout: half a shorter deadline); not a schema default, which could not follow the deadline.
@@ -35,6 +33,9 @@ class Model:
     uri: str
     size_gb: float | None
     revision: str
+    # Where the document writes it: a view's model (api/models.py) stands in for spec.model, yet what is wrong with
+    # it is fixed in its own entry, so every error about its fields names this.
+    where: str = field(default="spec.model", compare=False)
 
 
 @dataclass(frozen=True)
@@ -238,15 +239,12 @@ class WarmProfile:
     parent: str | None = None
 
     @property
-    def size_gb(self) -> float:
+    def concurrency(self) -> int | None:
+        """The streamer's concurrency for this model; None without a size (a further model not required may leave
+        it out): the streamer's own default then (16 threads from a file system), not a guess at the formula's."""
         if self.model.size_gb is None:
-            raise ProfileError("spec.model.sizeGB", None,
-                               "set it, or let `nodewarm render --measure` list the S3 prefix")
-        return self.model.size_gb
-
-    @property
-    def concurrency(self) -> int:
-        return streamer_concurrency(self.size_gb, self.serving.chunk_size_gb)
+            return None
+        return streamer_concurrency(self.model.size_gb, self.serving.chunk_size_gb)
 
     @property
     def uses_daemonset(self) -> bool:

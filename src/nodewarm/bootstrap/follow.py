@@ -62,8 +62,7 @@ class FollowOptions:
 
 def streamer_tuning(p: WarmProfile) -> StreamerTuning:
     """The load check streams like the vLLM pod will (nodeclasses.vllm renders the same two values)."""
-    concurrency = p.concurrency if p.model.size_gb is not None else None
-    return StreamerTuning(concurrency, p.serving.chunk_bytes)
+    return StreamerTuning(p.concurrency, p.serving.chunk_bytes)
 
 
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,

@@ -6,8 +6,9 @@ args, env, and the publisher sidecar with what it runs as), and those quantities
 GPUs set the CPU and memory, and the memory bounds the buffer and /dev/shm.)
 
 Deliberate choices:
-* ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)``; ``distributed`` only
-  when TP > 1 (with TP = 1 it buys nothing, and it needs the V1 engine).
+* ``--load-format=runai_streamer`` with ``concurrency = ceil(sizeGB / chunkSizeGB)`` (the streamer's own default
+  for a model without a size); ``distributed`` only when TP > 1 (with TP = 1 it buys nothing, and it needs the V1
+  engine).
 * no ``--enforce-eager`` unless ``spec.serving.allowEager``: it turns torch.compile off, so the restored compile
   cache would be unused (nodewarm.api.servingspec refuses it, and every flag the profile already sets, in any spelling).
 * CPU/memory requests per GPU as in the AWS guide, capped to fit the smallest allowed instance type; a memory-backed
@@ -41,6 +42,7 @@ from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs, compi
 from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
+from nodewarm.profile import largest_weights_gb
 
 from . import identity
 from . import servestart
@@ -52,7 +54,7 @@ AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
 
 
 def model_loader_extra_config(p: WarmProfile) -> dict:
-    cfg: dict = {"concurrency": p.concurrency}
+    cfg: dict = {} if p.concurrency is None else {"concurrency": p.concurrency}
     if p.serving.tensor_parallel_size > 1:
         cfg["distributed"] = True
     return cfg
@@ -194,18 +196,24 @@ STARTUP_PERIOD_S = 10
 STARTUP_DELAY_S = 30
 
 
-def startup_budget_s(p: WarmProfile) -> int:
+def startup_budget_s(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> int:
     """Seconds the startup probe allows: the model read from S3 (a cold start) and from NVMe (both, not the
-    larger: a cold start may copy to NVMe before vLLM reads it there), plus compile and engine start."""
-    return math.ceil(p.size_gb / S3_LOAD_GBPS + p.size_gb / NVME_LOAD_GBPS + COMPILE_BUDGET_S + ENGINE_START_S)
+    larger: a cold start may copy to NVMe before vLLM reads it there), plus compile and engine start. A model
+    without a size (a further model not required may leave it out) counts as the largest weights the pod's GPUs can
+    serve: too small a budget is a restart loop, too large one only notices a hung start later. ``types``: as for
+    requests."""
+    size = p.model.size_gb
+    if size is None:
+        size = largest_weights_gb(p, types if types is not None else instancetypes.lookup(list(p.nodes.instance_types)))
+    return math.ceil(size / S3_LOAD_GBPS + size / NVME_LOAD_GBPS + COMPILE_BUDGET_S + ENGINE_START_S)
 
 
-def probes(p: WarmProfile) -> dict[str, dict]:
+def probes(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict[str, dict]:
     health = {"path": "/health", "port": p.serving.port}
     return {
         "startupProbe": {"httpGet": health, "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 3,
                          "initialDelaySeconds": STARTUP_DELAY_S,
-                         "failureThreshold": math.ceil(startup_budget_s(p) / STARTUP_PERIOD_S)},
+                         "failureThreshold": math.ceil(startup_budget_s(p, types) / STARTUP_PERIOD_S)},
         "readinessProbe": {"httpGet": dict(health), "periodSeconds": 5, "timeoutSeconds": 3},
         # Only after the startup probe passed. A dead engine core leaves the API server up answering /health
         # with 503: readiness takes the pod out of the Service, but nothing replaces it (a Deployment does not
@@ -415,7 +423,7 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
                 *servestart.volume_mounts(p),       # the weights (read-only) and the start script
                 {"name": "compile-cache", "mountPath": CACHE_MOUNT},
             ],
-            **probes(p),
+            **probes(p, types),
         }],
         "volumes": [
             # The weights (DirectoryOrCreate: the start script, not the kubelet, refuses an incomplete copy) and
