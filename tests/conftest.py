@@ -72,7 +72,7 @@ def bucket(s3):
 
 
 # Simulated kubelet identities in tokens.csv (tokens.csv is read once at server start).
-KUBE_NODE_NAMES = tuple(f"node-{i}" for i in range(8)) + ("node-m1", "node-m2", "node-m3")
+KUBE_NODE_NAMES = tuple(f"node-{i}" for i in range(8)) + ("node-m1", "node-m2", "node-m3", "node-m4")
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,11 @@ def model_labels(k, node) -> dict[str, str]:
             if key.startswith(MODEL_LABEL_PREFIX)}
 
 
+def folder(doc, mount: Path, view_name: str) -> Path:
+    """Where the node holds the model ``view_name`` of profile ``doc`` at its generation in ``doc``."""
+    return {t.name: t.dest for t in modelset.targets(profile.from_dict(doc), mount)}[view_name]
+
+
 def view(doc, name):
     p = profile.from_dict(doc)
     return next(x for x in models.views(p) if x.name == f"{p.name}-{name}")
@@ -205,7 +210,8 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
         done = agent.follower.models.results[d2.name]
         assert done["linkedFiles"] == len(d_files) - 1 and done["downloadedBytes"] == len(d2_files[changed]), done
         d_dirs = {t.name: t.dest for t in modelset.targets(profile.from_dict(rolled), agent.mount)}
-        old_d = modelset.targets(profile.from_dict(with_d), agent.mount)[2].dest
+        old_d = folder(with_d, agent.mount, d.name)
+        assert old_d != d_dirs[d2.name]
         wait_for(lambda: not old_d.exists(), 30, what="d's old folder removed: no pod used it")
         assert d_dirs[d2.name].is_dir()
     finally:
@@ -255,3 +261,99 @@ def test_a_models_files_stay_until_its_label_is_gone(kube, k, aws_env, fresh_nod
         wait_for(lambda: not c_dir.exists(), 30, what="c's folder removed once its label is off")
     finally:
         agent.close()
+
+
+def test_the_agents_own_daemonset_pods_mounting_the_whole_nvme_keep_no_model_from_eviction_or_removal(
+        kube, k, admin, aws_env, fresh_node, warmprofile, kubelet_pulls, controller_as_sa, tmp_path):
+    """Auto Mode: the agent is the rendered DaemonSet's pod, which mounts the whole NVMe root (as does, during the
+    DaemonSet's rolling update, its older pod). Neither is a user of the models: a model of lower priority is evicted
+    for one that matters more, and a rolled model's old folder is removed, with both pods on the node."""
+    from nodewarm import instancetypes
+    from nodewarm.api import agentpod
+    from nodewarm.kubeapply import apply
+    from nodewarm.nodeclasses.render import render
+    from nodewarm_dev.testenv.karpenter import KarpenterSim
+    from support.bootstrap_fixtures import kubelet_env
+
+    node = "node-m4"
+    d_files = model_files(shards=3, mib_per_shard=1.5, seed=42)
+    doc = v("automode", metadata__name="multi-ds", spec__compileCache__uri=NO_CACHE,
+            spec__bootstrap__allowNonNvme=True,
+            spec__model={"uri": put_model(aws_env, model_files(shards=1, mib_per_shard=1, seed=40)), "sizeGB": 0.0011},
+            spec__nodes__nodePool=POOL, spec__serving__tensorParallelSize=1,
+            spec__models=[{"name": "c", "uri": put_model(aws_env, model_files(shards=2, mib_per_shard=4, seed=41)),
+                           "sizeGB": 0.0085, "priority": 1}])
+    p = profile.from_dict(doc)
+    c = view(doc, "c")
+    ns, ds_name = p.bootstrap.namespace, agentpod.daemonset_name(POOL)
+    # The agent's Namespace, ServiceAccount and DaemonSet exactly as `nodewarm render` emits them.
+    agent_docs = [d for d in render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+                  if (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) in
+                  {("Namespace", None, ns), ("ServiceAccount", ns, agentpod.NAME), ("DaemonSet", ns, ds_name)}]
+    assert len(agent_docs) == 3, agent_docs
+    apply(admin, agent_docs)
+    warmprofile(doc)
+    pool_node(k, fresh_node, node, "multi-ds")
+    kubelet_pulls(doc, node)
+    # The DaemonSet controller's pods on the node: an older one still there (a rolling update), then the agent's own.
+    sim = KarpenterSim(admin)
+    older = sim.run_daemonset_pod(node, ns, ds_name)
+    own = sim.run_daemonset_pod(node, ns, ds_name)
+    agent_pods = [older["metadata"]["name"], own["metadata"]["name"]]
+    assert {"name": "nvme", "hostPath": {"path": p.nodes.cache_mount, "type": "Directory"}} in own["spec"]["volumes"]
+    env = kubelet_env(own["spec"]["containers"][0], own)       # what `bootstrap run` reads in the pod
+    assert env[agentpod.NODE_NAME_ENV] == node
+    me = agentpod.own_pod(env)
+    assert me is not None and me.uid == own["metadata"]["uid"]
+    # Room for the first model (1 MiB) and c (8 MiB), or the first and d (4.5 MiB) twice during its roll, never c
+    # and d together.
+    agent = Running(kube, tmp_path, node, "multi-ds", headroom=budget(tmp_path, node, 12 * MiB), retry_s=1,
+                    agent_pod=me)
+    try:
+        wait_for(lambda: model_labels(k, node) == {models.label_key(c): generation(c)}, 60,
+                 what="model c warm and labelled")
+        c_dir = folder(doc, agent.mount, c.name)
+
+        # d matters more than c (priority 5): c is evicted, though both agent pods mount the whole NVMe.
+        with_d = copy.deepcopy(doc)
+        with_d["spec"]["models"].append({"name": "d", "uri": put_model(aws_env, d_files), "sizeGB": 0.0048,
+                                         "priority": 5})
+        d = view(with_d, "d")
+        warmprofile(with_d)
+
+        def d_settled():
+            m = report(k, node).get(d.name)
+            if m is not None and m.state == models.FAILED:
+                return m
+            return model_labels(k, node) == {models.label_key(d): generation(d)} and m
+
+        got = wait_for(d_settled, 90, what="c evicted and d labelled, or d failed")
+        assert got.state == models.WARM, f"{got.reason}: {got.message}"
+        assert not c_dir.exists() and agent.follower.models.evicted == [f"{c.name}/{c_dir.name}"]
+
+        # d rolls to a new version (c leaves the profile): its old folder goes, though both agent pods still mount
+        # the whole NVMe.
+        changed = "model-00002-of-00003.safetensors"
+        rolled = copy.deepcopy(with_d)
+        rolled["spec"]["models"] = [{**with_d["spec"]["models"][1], "uri": put_model(
+            aws_env, {**d_files, changed: model_files(shards=3, mib_per_shard=1.5, seed=43)[changed]})}]
+        d2 = view(rolled, "d")
+        warmprofile(rolled)
+        wait_for(lambda: model_labels(k, node) == {models.label_key(d2): generation(d2)}, 60,
+                 what="d's label switched to the new generation")
+        old_d = folder(with_d, agent.mount, d.name)
+        new_d = folder(rolled, agent.mount, d2.name)
+        wait_for(lambda: not old_d.exists(), 30, what="d's old folder removed beside the agent's pods")
+        assert new_d.is_dir()
+        assert {pod["metadata"]["name"] for pod in k.list(PODS, ns)["items"]} >= set(agent_pods)
+    finally:
+        agent.close()
+        for name in agent_pods:
+            try:
+                k.request("DELETE", PODS.path(name, ns), body={"gracePeriodSeconds": 0})
+            except Exception:
+                pass
+        try:
+            k.request("DELETE", f"/apis/apps/v1/namespaces/{ns}/daemonsets/{ds_name}")
+        except Exception:
+            pass

@@ -1,6 +1,6 @@
 """The DaemonSet path end to end (Auto Mode, and Bottlerocket under Karpenter), as a real node runs it: the
 rendered Namespace, identity, RBAC and DaemonSet applied to the real API server; the pod's exact command,
-args and env (the downward-API NODE_NAME filled in as the kubelet would) run with a token minted for the
+args and env (the downward API filled in from the agent's own pod, as the kubelet would) run with a token minted for the
 DaemonSet's ServiceAccount, against the local S3 server, with the hostPath mount at its real path in a
 private mount namespace. The node reports Warm with that identity and the controller lifts the taint."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support.bootstrap_fixtures import model_files, put_model
+from support.bootstrap_fixtures import kubelet_env, model_files, put_model
 from support.controller_fixtures import running, taint_keys, uniq, wait_for
 from nodewarm import instancetypes, profile
 from nodewarm.api import generation, prepullpod
@@ -27,18 +27,6 @@ from support.builders import v
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
 VENV_BIN = Path(sys.executable).parent
-
-
-def pod_env(container: dict, node_name: str) -> dict[str, str]:
-    """The container's env as the kubelet resolves it (only the downward-API fields the DaemonSet uses)."""
-    out = {}
-    for e in container["env"]:
-        if "value" in e:
-            out[e["name"]] = e["value"]
-        else:
-            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, e
-            out[e["name"]] = node_name
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +63,16 @@ def test_the_rendered_daemonset_warms_its_node_with_its_own_identity(kube, k, ad
     k.merge_patch(NODES, node, {"metadata": {"labels": {"topology.kubernetes.io/region": "us-west-2"}}})
     assert p.readiness.taint_key in taint_keys(k, node)
 
-    container = ds["spec"]["template"]["spec"]["containers"][0]
+    # The agent's own pod, from the stored template: its env (the downward API's node and pod) is resolved from it.
+    agent_pod = sim.run_daemonset_pod(node, ds["metadata"]["namespace"], ds["metadata"]["name"])
+    container = agent_pod["spec"]["containers"][0]
     token = kube.service_account_token(ds["metadata"]["namespace"], ds["spec"]["template"]["spec"]["serviceAccountName"])
     kcfg = kube.write_kubeconfig(tmp_path / "pod-kubeconfig", token, "pod")     # stands in for the token mount
     nvme = tmp_path / "nvme"
     nvme.mkdir()
     mount = container["volumeMounts"][0]["mountPath"]
     env = {**{key: val for key, val in aws_env.env().items() if key not in ("AWS_REGION", "AWS_DEFAULT_REGION")},
-           **pod_env(container, node), "KUBECONFIG": str(kcfg), "PATH": f"{VENV_BIN}:/usr/bin:/bin",
+           **kubelet_env(container, agent_pod), "KUBECONFIG": str(kcfg), "PATH": f"{VENV_BIN}:/usr/bin:/bin",
            "HOME": str(tmp_path)}
     # The hostPath at its real path, in a private mount namespace: nothing on this machine's /mnt changes.
     script = ('mount -t tmpfs none /mnt && mkdir -p "$MNT" && mount --bind "$NVME" "$MNT" && shift 2 && exec "$@"')

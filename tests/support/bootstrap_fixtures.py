@@ -172,6 +172,23 @@ class RunningAgent:
         assert not self.thread.is_alive(), "the agent did not stop"
 
 
+def kubelet_env(container: dict, pod: dict) -> dict[str, str]:
+    """A container's env as the kubelet resolves it for ``pod`` (as the API returns it): values, and the downward
+    API's fieldRef paths read from the pod."""
+    out = {}
+    for e in container.get("env") or ():
+        if "value" in e:
+            out[e["name"]] = e["value"]
+            continue
+        path = e["valueFrom"]["fieldRef"]["fieldPath"]
+        value = pod
+        for key in path.split("."):
+            value = value[key]
+        assert isinstance(value, str), (path, value)
+        out[e["name"]] = value
+    return out
+
+
 def serving_node(k, fresh_node, name: str, labels: dict[str, str], gpus: int = 4) -> None:
     """A node that already serves: registered, Ready, GPUs allocatable, no startup taint left."""
     from nodewarm.controller.kube import NODES

@@ -61,8 +61,11 @@ def test_the_agent_is_one_unprivileged_container_writing_only_the_nvme_hostpath(
                                         "mountPropagation": "HostToContainer"}
     assert pod["volumes"][0] == {"name": "nvme", "hostPath": {"path": "/mnt/.ephemeral", "type": "Directory"}}
     assert [v.get("hostPath") for v in pod["volumes"][1:]] == [None]          # the only hostPath is the mount
-    # No region: the agent reads its Node's region label (pods on Auto Mode cannot reach instance metadata).
-    assert agent["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    # No region: the agent reads its Node's region label (pods on Auto Mode cannot reach instance metadata). Its own
+    # pod exactly (namespace, name, uid): that pod mounts the whole NVMe, and is no user of the models there.
+    assert agent["env"] == [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in (
+        ("NODE_NAME", "spec.nodeName"), ("POD_NAMESPACE", "metadata.namespace"), ("POD_NAME", "metadata.name"),
+        ("POD_UID", "metadata.uid"))]
 
 
 def test_rbac_reports_status_but_cannot_touch_taints():

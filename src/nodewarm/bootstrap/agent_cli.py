@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from nodewarm.api.agentpod import NODE_NAME_ENV, own_pod
 from nodewarm.api.errors import NodewarmError
 
 RUN_DESCRIPTION = """\
@@ -37,7 +38,8 @@ Credentials: Kubernetes from --kubeconfig, else $KUBECONFIG, else the kubelet's
 get/watch on warmprofiles (`nodewarm render` emits that RBAC). S3 from the standard AWS environment
 (node role / Pod Identity on EKS); the region from spec.nodes.region, else the Node's
 topology.kubernetes.io/region label, else instance metadata. The node name: --node-name, else
-$NODE_NAME, else the hostname.
+$NODE_NAME, else the hostname. In the DaemonSet's pod, $POD_NAMESPACE, $POD_NAME and $POD_UID name that
+pod: it mounts the whole NVMe root, and the agent does not count it as a pod using the models there.
 
 Exit status (--once): 0 warm; 1 not warm (the reason is on stderr and in the condition); 2 bad usage.
 Without --once it runs until stopped.
@@ -52,7 +54,7 @@ def _api_client(kubeconfig: str | None):
 
 
 def _node_name(args: argparse.Namespace) -> str:
-    return args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    return args.node_name or os.environ.get(NODE_NAME_ENV) or socket.gethostname()
 
 
 def _follow_options(args: argparse.Namespace):
@@ -68,11 +70,12 @@ def _follow_options(args: argparse.Namespace):
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise NodewarmError(f"--runtime {args.runtime}: not the runtime JSON `compile-cache key --runtime-only` "
                                 f"writes ({type(e).__name__}: {e})", reason="InvalidArgument") from None
+    # The DaemonSet's pod (its downward-API env): it mounts the whole NVMe root, and is no user of the models there.
     return FollowOptions(profile=args.profile, mount=Path(args.mount), node_name=_node_name(args),
                          load_check=not args.skip_load_check, stream_check=args.stream_check,
                          allow_non_nvme=args.allow_non_nvme,
                          runtime=runtime, once=args.once, state_dir=Path(args.state_dir),
-                         gpu_wait_s=args.gpu_wait_seconds)
+                         gpu_wait_s=args.gpu_wait_seconds, agent_pod=own_pod(os.environ))
 
 
 def _report_not_started(args: argparse.Namespace, e: Exception) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nodewarm import logs
+from nodewarm.api.agentpod import PodRef
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import GENERATION_LABEL, MODELS_ANNOTATION
 from nodewarm.api.servingspec import serving_spec
@@ -58,6 +59,7 @@ class FollowOptions:
     gpu_wait_s: float | None = None     # None: gpuwait.GPU_WAIT_S
     headroom: Headroom = field(default_factory=Headroom)   # space every pull leaves free on the NVMe
     label_wait_s: float = 60.0      # an eviction waits this long for the controller to take the model's label off
+    agent_pod: PodRef | None = None     # the pod this agent runs in (the DaemonSet's downward API); None on AL2023
 
 
 def streamer_tuning(p: WarmProfile) -> StreamerTuning:

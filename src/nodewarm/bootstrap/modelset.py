@@ -13,6 +13,11 @@ after its label: the agent reports it ``evicting``, waits until the label is gon
 node mounts it (the API's pods, not a guess), and only then removes the folder, whole or not at all
 (modelstore.evict; a crash in between is finished at the next start).
 
+"A pod on the node mounts it" counts the users of the models, never the agent itself: on the DaemonSet path (Auto
+Mode, Bottlerocket) the agent's own pod mounts the whole NVMe root, and so does, for a moment during a rolling update,
+the DaemonSet's older pod. Those are recognised exactly (``AgentPods``), never by a label a user's pod could copy;
+any other pod that mounts the root, or a folder holding a model, keeps that model.
+
 When a model does not fit, only models that matter less may make room: folders no current model of the profile
 uses (an old generation, a model taken out of the profile), then models of lower priority, least recently used
 first; never a required model, one a pod mounts, or one of equal or higher priority (which would only be pulled
@@ -29,6 +34,7 @@ from pathlib import Path, PurePosixPath
 
 from nodewarm import logs
 from nodewarm.api import models as api_models
+from nodewarm.api.agentpod import PodRef, daemonset_name
 from nodewarm.api.generation import generation
 from nodewarm.api.models import EVICTING, FAILED, NO_CAPACITY, PULLING, WARM, HeldModel
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
@@ -64,12 +70,43 @@ def targets(p: WarmProfile, mount: Path) -> tuple[Target, ...]:
                  for v in api_models.views(p))
 
 
-def used_folders(pods: list[dict], cache_mount: str, mount: Path) -> set[Path]:
+@dataclass(frozen=True)
+class AgentPods:
+    """What makes a pod on this node the node agent's own, not a user of the models (api.agentpod): the pod this
+    agent runs in (the downward API's namespace, name and uid), and the pods the agent's DaemonSet controls, in the
+    namespace it is rendered in (an older agent pod during the DaemonSet's rolling update). A pod's controller
+    reference names an owner in the pod's own namespace, so only who may create pods in that namespace could make
+    one look owned by the DaemonSet; labels prove nothing (any pod may copy them). Neither is known on AL2023, where
+    the agent is a host service: then no pod is the agent's."""
+
+    own: PodRef | None = None
+    daemonset: tuple[str, str] | None = None      # (namespace, name)
+
+    def recognise(self, pod: dict) -> bool:
+        md = pod.get("metadata") or {}
+        if self.own is not None and (md.get("namespace"), md.get("name"), md.get("uid")) == (
+                self.own.namespace, self.own.name, self.own.uid):
+            return True
+        if self.daemonset is None or md.get("namespace") != self.daemonset[0]:
+            return False
+        return any(ref.get("controller") is True and ref.get("kind") == "DaemonSet"
+                   and (ref.get("apiVersion") or "").split("/")[0] == "apps" and ref.get("name") == self.daemonset[1]
+                   for ref in md.get("ownerReferences") or ())
+
+
+def agent_pods(p: WarmProfile, own: PodRef | None) -> AgentPods:
+    """The agent's pods on this node for profile ``p``: ``own`` (None on AL2023) and the DaemonSet that
+    userdata.daemonset renders for the profile's NodePool, in its bootstrap namespace."""
+    return AgentPods(own, (p.bootstrap.namespace, daemonset_name(p.nodes.node_pool)))
+
+
+def used_folders(pods: list[dict], cache_mount: str, mount: Path, agent: AgentPods = AgentPods()) -> set[Path]:
     """The folders on this node's NVMe (``mount``, the host's ``cache_mount``) that a pod not finished mounts by
-    hostPath: a model folder is in use when one of these is it, inside it, or holds it."""
+    hostPath, the node agent's own pods (``agent``) left out: a model folder is in use when one of these is it,
+    inside it, or holds it."""
     out = set()
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or agent.recognise(pod):
             continue
         for vol in (pod.get("spec") or {}).get("volumes") or ():
             path = ((vol or {}).get("hostPath") or {}).get("path")
@@ -290,7 +327,7 @@ class ModelSet:
 
     def _used(self, p: WarmProfile) -> set[Path]:
         return used_folders(profilesource.pods_on_node(self.api, self.opt.node_name), p.nodes.cache_mount,
-                            self.opt.mount)
+                            self.opt.mount, agent_pods(p, self.opt.agent_pod))
 
     def _make_room(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> str | None:
         """None when ``t`` fits, after evicting what may go; else why not, with the sizes (nothing evicted)."""

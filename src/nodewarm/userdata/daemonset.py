@@ -22,12 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from nodewarm.api.agentpod import DOWNWARD_ENV, NAME, daemonset_name
 from nodewarm.api.defaults import default
 
 from .errors import UserDataInvalid
 from .launch import BootstrapLaunch
 
-NAME = "nodewarm-bootstrap"
 PREPULL_ROLE = f"{NAME}-image-prepull"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 GPU_TAINT_KEYS = ("nvidia.com/gpu",)
@@ -101,7 +101,7 @@ def manifests(
     ``image`` must have ``nodewarm`` and ``python3`` on PATH. ``service_account_annotations`` carries an IRSA role
     (``eks.amazonaws.com/role-arn``); with Pod Identity the association names this ServiceAccount instead.
     """
-    ds_name = f"{NAME}-{nodepool}"
+    ds_name = daemonset_name(nodepool)
     if not _DNS_LABEL.match(nodepool) or len(ds_name) > 63:
         raise UserDataInvalid(f"NodePool name {nodepool!r} cannot name the DaemonSet {ds_name!r}: it must be a DNS "
                               f"label of at most {63 - len(NAME) - 1} characters")
@@ -155,8 +155,9 @@ def manifests(
     }
     cache = {"name": "nvme", "mountPath": launch.cache_mount, "mountPropagation": "HostToContainer"}
     # No region: pods on Auto Mode cannot reach instance metadata; the agent reads its Node's
-    # topology.kubernetes.io/region label (or the profile's spec.nodes.region).
-    env = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    # topology.kubernetes.io/region label (or the profile's spec.nodes.region). Its node, and its own pod: that pod
+    # mounts the whole NVMe root, and the agent must not count it as a user of the models there (bootstrap/modelset.py).
+    env = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in DOWNWARD_ENV]
     tolerations = [{"key": readiness_taint_key, "operator": "Exists"}]
     tolerations += [{"key": key, "operator": "Exists"} for key in gpu_taint_keys]
     daemonset = {
