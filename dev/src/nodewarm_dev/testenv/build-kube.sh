@@ -9,6 +9,9 @@ set -euo pipefail
 OUT=${NODEWARM_KUBE_BIN:-$HOME/.cache/nodewarm/k8s}
 WORK=${NODEWARM_KUBE_WORK:-$HOME/.cache/nodewarm/k8s-build}
 BINS=(kube-apiserver kube-scheduler kube-controller-manager)
+# Opt-in: more binaries of the same tree, built the same way (build-kubelet.sh sets NODEWARM_KUBE_EXTRA_BINS=kubelet).
+read -r -a EXTRA <<<"${NODEWARM_KUBE_EXTRA_BINS:-}"
+BINS+=("${EXTRA[@]}")
 
 have_all=1
 for b in "${BINS[@]}"; do [[ -x $OUT/$b ]] || have_all=0; done
