@@ -187,10 +187,7 @@ def test_a_deleted_profiles_clean_up_waits_for_registration_so_no_node_keeps_its
     sim = KarpenterSim(admin)
     with installed(k, user_data=None, user_startup_taints=(), spec__injection__onLive="drift") as inst, running(admin):
         wait_reason(k, inst.name, "UpToDate")
-        claim = sim.create_nodeclaim(inst.pool)["metadata"]["name"]
-        sim.launch(claim)
-        sim.register_node(claim, "node-4")
-        sim.kubelet_ready("node-4")
+        claim = sim.join(inst.pool, "node-4").claim
         k.delete(WARMPROFILES, inst.name)
         cond = wait_for(lambda: (c := cleanup_condition(k, inst.name)) and c["reason"] == "AwaitingRegistration" and c,
                         what="the clean-up waiting for registration")

@@ -31,16 +31,6 @@ pytestmark = pytest.mark.kube
 NS = "default"
 
 
-def _joined(sim: KarpenterSim, pool: str, node: str) -> str:
-    """Karpenter launches a NodeClaim and the node's kubelet joins (Ready) under the NodeClaim's taints and
-    karpenter.sh/unregistered; Karpenter has not registered it yet. Returns the NodeClaim's name."""
-    claim = sim.create_nodeclaim(pool)["metadata"]["name"]
-    sim.launch(claim)
-    sim.register_node(claim, node)
-    sim.kubelet_ready(node)
-    return claim
-
-
 def _warm(kube, node: str) -> None:
     """The node agent reports Warm through its node's own identity."""
     report_warm(kube.api_client(kube.node_token(node)), node, True, "WeightsVerified", "1 GB verified",
@@ -92,7 +82,7 @@ def test_an_early_warm_is_lifted_after_registration_and_stays_lifted(scheduling,
     sim, node, pod = KarpenterSim(admin), "node-5", "early-warm-workload"
     with installed(k, inject_ready=True) as inst:
         try:
-            claim = _joined(sim, inst.pool, node)
+            claim = sim.join(inst.pool, node).claim
             _workload(k, pod, node)
             _warm(kube, node)
             # The controller sees Warm within 0.1 s: it must not lift while Karpenter has not registered the node.
@@ -123,7 +113,7 @@ def test_a_registration_held_30s_lifts_nothing_before_and_lifts_right_after(sche
                                                                              controller_as_sa):
     sim, node = KarpenterSim(admin), "node-6"
     with installed(k, inject_ready=True) as inst:
-        claim = _joined(sim, inst.pool, node)
+        claim = sim.join(inst.pool, node).claim
         sim.hold_registration(claim, "capacity-reservation")
         sim.mark_registered(claim)               # the merge happens; the unregistered taint and Registered stay
         _warm(kube, node)

@@ -75,15 +75,6 @@ def test_nodes_are_linked_by_provider_id_only(kube):
             sim.mark_registered(claim)
 
 
-def _joined(sim: KarpenterSim, pool: str) -> tuple[str, str]:
-    """A NodeClaim launched and its node joined (Ready) under its taints and karpenter.sh/unregistered."""
-    claim = sim.create_nodeclaim(pool)["metadata"]["name"]
-    sim.launch(claim)
-    node = sim.register_node(claim)["metadata"]["name"]
-    sim.kubelet_ready(node)
-    return claim, node
-
-
 def _lift(k: Kube, node: str, key: str = "nodewarm.io/warming") -> None:
     taints = k.get(NODES, node)["spec"]["taints"]
     k.merge_patch(NODES, node, {"spec": {"taints": [t for t in taints if t["key"] != key]}})
@@ -97,7 +88,8 @@ def test_registration_merges_the_nodeclaims_taints_back_once(kube):
     admin = kube.api_client()
     k, sim = Kube(admin), KarpenterSim(admin)
     with installed(k, inject_ready=True) as inst:
-        claim, node = _joined(sim, inst.pool)
+        joined = sim.join(inst.pool)
+        claim, node = joined.claim, joined.node
         _lift(k, node)                                  # lifted before registration
         _lift(k, node, "nvidia.com/gpu")
         sim.mark_registered(claim)
@@ -118,7 +110,8 @@ def test_registration_leaves_taints_alone_on_a_do_not_sync_taints_node(kube):
     admin = kube.api_client()
     k, sim = Kube(admin), KarpenterSim(admin)
     with installed(k, inject_ready=True) as inst:
-        claim, node = _joined(sim, inst.pool)
+        joined = sim.join(inst.pool)
+        claim, node = joined.claim, joined.node
         k.merge_patch(NODES, node, {"metadata": {"labels": {"karpenter.sh/do-not-sync-taints": "true"}}})
         _lift(k, node)
         sim.mark_registered(claim)
@@ -129,7 +122,8 @@ def test_a_registration_hook_holds_registration_but_not_the_merge(kube):
     admin = kube.api_client()
     k, sim = Kube(admin), KarpenterSim(admin)
     with installed(k, inject_ready=True) as inst:
-        claim, node = _joined(sim, inst.pool)
+        joined = sim.join(inst.pool)
+        claim, node = joined.claim, joined.node
         sim.hold_registration(claim, "capacity-reservation")
         _lift(k, node)
         held = sim.mark_registered(claim)

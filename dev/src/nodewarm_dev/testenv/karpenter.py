@@ -545,17 +545,24 @@ class KarpenterSim:
                 if (c["metadata"].get("labels") or {}).get("karpenter.sh/nodepool") == nodepool]
 
     # -- conveniences ----------------------------------------------------------------------------------
-    def scale_up(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
-                 claim_name: str | None = None, registered_ago_s: float = 0.0) -> SimNode:
-        """Steps 1-5: a node that is registered and Ready, still carrying its startup taints."""
+    def join(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
+             claim_name: str | None = None) -> SimNode:
+        """Steps 1-4: a node whose kubelet joined (Ready) under the NodeClaim's taints and karpenter.sh/unregistered,
+        not yet registered by Karpenter (``mark_registered``)."""
         c = self.create_nodeclaim(nodepool, claim_name, instance_type)
         name = c["metadata"]["name"]
         launched = self.launch(name)
         node = self.register_node(name, node_name)
         self.kubelet_ready(node["metadata"]["name"])
-        self.mark_registered(name, registered_ago_s)
         return SimNode(name, node["metadata"]["name"], launched["status"]["providerID"],
                        c["metadata"]["labels"]["node.kubernetes.io/instance-type"])
+
+    def scale_up(self, nodepool: str, node_name: str | None = None, instance_type: str | None = None,
+                 claim_name: str | None = None, registered_ago_s: float = 0.0) -> SimNode:
+        """Steps 1-5: a node that is registered and Ready, still carrying its startup taints."""
+        n = self.join(nodepool, node_name, instance_type, claim_name)
+        self.mark_registered(n.claim, registered_ago_s)
+        return n
 
     def find_node(self, provider_id: str) -> dict | None:
         """Link by providerID only (0 -> NodeNotFound, >1 -> MultipleNodesFound), as Karpenter does."""

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ports import free_port, wait_until
+from .serverproc import OwnsProcess
 
 BINARY = "docker-registry"
 
 
 @dataclass
-class Registry:
+class Registry(OwnsProcess):
     """A running registry. ``host`` is ``127.0.0.1:PORT`` (what image references start with), ``url`` its HTTP
     root, ``root`` the folder its blobs and manifests are stored in."""
 
@@ -42,25 +42,6 @@ class Registry:
             "Accept": "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read() or b"{}")
-
-    def log_text(self) -> str:
-        return self._log.read_text(errors="replace") if self._log and self._log.exists() else ""
-
-    def stop(self) -> None:
-        if self._proc and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
-
-    def __enter__(self) -> "Registry":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def _binary() -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ports import free_port, wait_until
+from .serverproc import OwnsProcess
 
 ACCESS_KEY = "nodewarm-test"
 SECRET_KEY = "nodewarm-test-secret"
@@ -42,7 +42,7 @@ def _binary(name: str) -> str:
 
 
 @dataclass
-class S3Server:
+class S3Server(OwnsProcess):
     """A running local S3 server. ``data_dir`` is the served root (rclone: one folder per bucket)."""
 
     engine: str
@@ -91,25 +91,6 @@ class S3Server:
         for f in sorted(p for p in base.rglob("*") if p.is_file()):
             client.upload_file(str(f), bucket, f.relative_to(base).as_posix())
         shutil.rmtree(root)
-
-    def log_text(self) -> str:
-        return self._log.read_text(errors="replace") if self._log and self._log.exists() else ""
-
-    def stop(self) -> None:
-        if self._proc and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
-
-    def __enter__(self) -> "S3Server":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start(engine: str = "rclone", data_dir: str | Path | None = None, timeout_s: float = 60,

@@ -48,13 +48,14 @@ def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:
     on_live = view.profile.injection.on_live if view.profile else "refuse"
     held: list[Release] = []
     events: list[EventSpec] = remove_peers(mgr, view)
+    unregistered = _unregistered(mgr, pool) if pool else set()
     try:
         for key in sorted(keys) if pool else ():
             done = _release(injector, view, pool, key, on_live, events)
             if done is not None and not done.done:
                 held.append(done)
                 continue
-            lifted = lift_taint(mgr.kube, mgr.nodes.store.values(), pool, key, _unregistered(mgr, pool))
+            lifted = lift_taint(mgr.kube, mgr.nodes.store.values(), pool, key, unregistered)
             mgr.log.info("profile.cleaned", profile=view.name, nodepool=pool, taint=key, nodes_untainted=lifted)
     except Exception:
         for ev in events:       # what was done before the failure is told all the same; the retry will not
@@ -64,7 +65,7 @@ def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:
         cond = cleanup_held(view.name, pool, [r.taint_key for r in held], max(r.drifting for r in held), view.profile)
         mgr.log.info("profile.cleanup_held", profile=view.name, nodepool=pool, nodeclaims=held[0].drifting)
         return Step(cond, events=tuple(events) + warning(view, cond))
-    waiting = sorted(_unregistered(mgr, pool)) if pool and keys else []
+    waiting = sorted(unregistered) if keys else []
     if waiting:
         # The claims' registrations re-queue this profile (the manager's NodeClaim handler).
         cond = awaiting_registration(view.name, pool, waiting)
