@@ -89,6 +89,8 @@ def test_a_warm_node_feeds_a_new_one_and_stops_serving_when_cordoned(
         proxy.reset_counters()
         second = RunningAgent(kube, tmp_path, "node-6", NAME)
         wait_for(lambda: warm(k, "node-6"), 60, what="node-6 Warm")
+        # The condition is written before the agent hands its result back: wait for the hand-over too.
+        wait_for(lambda: second.follower.last is not None, 30, what="node-6's result")
         result = second.follower.last
         assert result.warm and result.weights.peers["bytesFromPeers"] == sum(map(len, files.values()))
         assert result.weights.peers["byPeer"] == {"node-5": sum(map(len, files.values()))}
