@@ -16,7 +16,6 @@ after that the script finds the image up to date in ~2 s unless the wheel change
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -31,12 +30,11 @@ from nodewarm.controller.manifests import deployment
 from nodewarm.userdata.daemonset import manifests as daemonset_manifests
 from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm_dev.testenv import registry as registry_server
+from support import images
 from support.paths import REPO
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO / "scripts" / "build-images.sh"
-BUILD_TIMEOUT_S = 1500
 # Uncompressed, as `podman image inspect` counts it: ~360 MB today (the Debian base ~106 MB, kubernetes 37 with its
 # asyncio client ~128 MB). torch alone would be several times this: the budget catches a dependency that pulls it in.
 SIZE_BUDGET = 500 * 1000 * 1000
@@ -52,23 +50,9 @@ def _ok(cmd: list[str], timeout: float = 180, **kw) -> str:
     return r.stdout
 
 
-def _build() -> subprocess.CompletedProcess:
-    assert os.geteuid() == 0, (
-        f"the image tests need root (uid {os.geteuid()}): scripts/build-images.sh installs buildah/podman/mmdebstrap "
-        "with apt-get and builds in the rootful image store")
-    return _run(["bash", str(SCRIPT)], BUILD_TIMEOUT_S)
-
-
 @pytest.fixture(scope="module")
-def built() -> subprocess.CompletedProcess:
-    r = _build()
-    assert r.returncode == 0, f"scripts/build-images.sh failed (exit {r.returncode}):\n{r.stderr[-6000:]}"
-    return r
-
-
-@pytest.fixture(scope="module")
-def image(built) -> str:
-    return built.stdout.split()[-1]
+def image() -> str:
+    return images.nodewarm_image()
 
 
 def _inspect(image: str) -> dict:
@@ -139,7 +123,7 @@ def test_the_image_is_named_for_the_checkouts_version(image):
 
 def test_a_second_run_finds_it_up_to_date(image):
     before = _inspect(image)["Id"]
-    again = _build()
+    again = images.build()
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stdout.split()[-1] == image
     assert "is up to date" in again.stderr, f"the unchanged checkout was built again:\n{again.stderr[-3000:]}"

@@ -33,6 +33,8 @@ def kube_bin_dir() -> Path:
 
 
 CRDS_ENV = "NODEWARM_CRDS_DIR"
+SERVICE_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE = "10.0.0.1:443"       # the first address of SERVICE_RANGE: the `kubernetes` Service
 
 
 def crds_dir() -> Path | None:
@@ -175,10 +177,17 @@ def _openssl(*args: str) -> None:
 
 
 def start(workdir: Path | None = None, node_names: tuple[str, ...] = (), timeout_s: float = 90,
-          extra_args: tuple[str, ...] = ()) -> KubeCluster:
+          extra_args: tuple[str, ...] = (), in_cluster: bool = False) -> KubeCluster:
     """Start etcd and kube-apiserver on free loopback ports; return once /readyz answers ok.
 
     ``node_names``: kubelet identities to put in tokens.csv (a Node can only be touched by its own).
+
+    ``in_cluster``: pods on real nodes (realnode) get their ServiceAccount's token as pods of a cluster do. The
+    ServiceAccount admission plugin is on, with v1.20's BoundServiceAccountTokenVolume (alpha there, on by default
+    from 1.21 and what EKS runs): a pod gets a projected volume whose token the kubelet requests and renews, and
+    whose ca.crt is the ``kube-root-ca.crt`` ConfigMap (``start_controller_manager`` publishes it). The pod reaches
+    the server through the ``kubernetes`` Service's ClusterIP (10.0.0.1:443, which the server's certificate names):
+    realnode's ``services`` carry it there.
     """
     bins = kube_bin_dir()
     apiserver = _require(bins / "kube-apiserver", "build it first: bash dev/src/nodewarm_dev/testenv/build-kube.sh")
@@ -198,6 +207,10 @@ def start(workdir: Path | None = None, node_names: tuple[str, ...] = (), timeout
     (work / "tokens.csv").write_text("\n".join(lines) + "\n")
 
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    admission = ["--enable-admission-plugins", "NodeRestriction", "--disable-admission-plugins", "ServiceAccount"]
+    if in_cluster:
+        admission = ["--enable-admission-plugins", "NodeRestriction,ServiceAccount",
+                     "--feature-gates", "BoundServiceAccountTokenVolume=true"]
     procs: list[subprocess.Popen] = []
     etcd_log = open(work / "etcd.log", "wb")
     procs.append(subprocess.Popen([
@@ -224,11 +237,10 @@ def start(workdir: Path | None = None, node_names: tuple[str, ...] = (), timeout
         "--service-account-key-file", str(certs / "sa.pub"),
         "--service-account-signing-key-file", str(certs / "sa.key"),
         "--api-audiences", "https://kubernetes.default.svc",
-        "--enable-admission-plugins", "NodeRestriction",
-        "--disable-admission-plugins", "ServiceAccount",
+        *admission,
         "--allow-privileged=true",
         "--endpoint-reconciler-type", "none",
-        "--service-cluster-ip-range", "10.0.0.0/24",
+        "--service-cluster-ip-range", SERVICE_RANGE,
         *extra_args,
     ], stdout=api_log, stderr=subprocess.STDOUT, start_new_session=True))
 
@@ -323,12 +335,31 @@ def start_scheduler(cluster: KubeCluster, max_backoff_s: int | None = None) -> s
     ])
 
 
-def start_controller_manager(cluster: KubeCluster) -> subprocess.Popen:
-    """kube-controller-manager running ONLY the Deployment and ReplicaSet controllers, so Deployments
-    create Pods. Never the node-lifecycle controllers: with no kubelets they would evict everything."""
-    kcfg = _component_kubeconfig(cluster, "kube-controller-manager",
-                                 ("system:controller:deployment-controller", "system:controller:replicaset-controller"))
+# kube-controller-manager's controllers this module may run, and the built-in ClusterRoles each acts with. The
+# publisher's own role (v1.20) only writes ConfigMaps: its informers list namespaces and ConfigMaps as the
+# controller-manager itself, whose role reads them.
+CONTROLLER_ROLES = {"deployment": ("system:controller:deployment-controller",),
+                    "replicaset": ("system:controller:replicaset-controller",),
+                    "daemonset": ("system:controller:daemon-set-controller",),
+                    "serviceaccount": ("system:controller:service-account-controller",
+                                       "system:kube-controller-manager"),
+                    "root-ca-cert-publisher": ("system:controller:root-ca-cert-publisher",
+                                               "system:kube-controller-manager")}
+
+
+def start_controller_manager(cluster: KubeCluster,
+                             controllers: tuple[str, ...] = ("deployment", "replicaset")) -> subprocess.Popen:
+    """kube-controller-manager running ONLY ``controllers`` (by default the Deployment and ReplicaSet ones, so
+    Deployments create Pods; an in-cluster one adds ``daemonset``, ``serviceaccount`` (every namespace's
+    ``default`` ServiceAccount, which admission requires of a pod naming none) and ``root-ca-cert-publisher``,
+    which publishes the server's CA as the ``kube-root-ca.crt`` ConfigMap a pod's projected token volume reads). Never the
+    node-lifecycle controllers: with no kubelets they would evict everything."""
+    unknown = sorted(set(controllers) - set(CONTROLLER_ROLES))
+    if unknown:
+        raise ValueError(f"controllers {unknown}: this test environment runs only {sorted(CONTROLLER_ROLES)}")
+    kcfg = _component_kubeconfig(cluster, "kube-controller-manager", tuple(r for c in controllers for r in CONTROLLER_ROLES[c]))
     return _start_component(cluster, "kube-controller-manager", [
-        "--kubeconfig", str(kcfg), "--controllers", "deployment,replicaset", "--leader-elect=false",
+        "--kubeconfig", str(kcfg), "--controllers", ",".join(controllers), "--leader-elect=false",
         "--port", "0", "--secure-port", "0", "--use-service-account-credentials=false",
+        "--root-ca-file", cluster.ca_file,
     ])

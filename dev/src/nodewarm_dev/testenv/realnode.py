@@ -39,8 +39,10 @@ What one node is, and why:
   containerd does only with a loaded CNI config, and nodewarm's own pods (the agent DaemonSet, vLLM's Deployment)
   are rendered without hostNetwork; so each node also gets a bridge/host-local/loopback conflist from Debian's
   ``containernetworking-plugins`` (bridge ``nwrnN``, subnet ``10.250.N.0/24``, gateway on the host, no masquerade,
-  no iptables rules, no portmap): such a pod gets an address there, reachable from the host. No Service network,
-  no kube-proxy, no cluster DNS. ``stop`` deletes the bridge.
+  no iptables rules in the host's tables, no portmap): such a pod gets an address there, reachable from the host.
+  No kube-proxy and no cluster DNS: ``services`` gives the pods the few ClusterIPs a test names (the API server's,
+  S3's), by a DNAT in each pod's own network namespace to a relay on the gateway (podservices). ``stop`` deletes
+  the bridge and the relays.
 - **Capacity is the machine's**: the kubelet reports this VM's CPUs, memory and disk and no ``nvidia.com/gpu``
   (``KarpenterSim.kubelet_ready`` writes a p5's), and every real node on the machine reports the same ones. The
   scheduler would leave a pod that requests a GPU (vLLM's Deployment does) Pending until ``advertise`` puts
@@ -84,6 +86,7 @@ from pathlib import Path
 
 import yaml
 
+from . import podservices
 from .kube import KubeCluster, kube_bin_dir
 from .ports import free_port
 
@@ -481,6 +484,7 @@ class RealNode:
     timings: dict[str, float] = field(default_factory=dict)
     _containerd: subprocess.Popen | None = field(default=None, repr=False)
     _kubelet: subprocess.Popen | None = field(default=None, repr=False)
+    _relays: list = field(default_factory=list, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _t0: float = field(default=0.0, repr=False)
 
@@ -635,6 +639,8 @@ class RealNode:
             except subprocess.TimeoutExpired:
                 self._containerd.kill()
                 self._containerd.wait()
+        for relay in self._relays:
+            relay.close()
         errors += _remove_host_state(self.cgroup, self.bridge, None)   # shims and anything left, cgroups, bridge
         # The node's mounts lived in its own mount namespace, gone with its last process; a mount still visible
         # here under its folders would be a bug: unmount it rather than delete through it.
@@ -669,7 +675,7 @@ def _can_lower_oom_score() -> bool:
     return False
 
 
-def _containerd_config(node: RealNode, root: Path, certs_d: Path, cni_conf: Path) -> str:
+def _containerd_config(node: RealNode, root: Path, certs_d: Path, cni_conf: Path, cni_bin: Path) -> str:
     q = json.dumps     # TOML basic strings are JSON strings
     return f"""version = 2
 root = {q(str(root))}
@@ -699,7 +705,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
           SystemdCgroup = false
           Root = {q(str(node.state_dir / "runc"))}
     [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = {q(str(CNI_BIN_DIR))}
+      bin_dir = {q(str(cni_bin))}
       conf_dir = {q(str(cni_conf))}
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = {q(str(certs_d))}
@@ -742,7 +748,8 @@ def _q(s) -> str:
 def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dict[str, str] | None = None,
           provider_id: str = "", auth: str = "auto", registries: dict[str, str] | None = None,
           node_ip: str | None = None, max_pods: int = 110, status_update_s: int = 10, wait: bool = True,
-          lift_not_ready: bool = True, timeout_s: float = 120, extra_kubelet_args: tuple[str, ...] = ()) -> RealNode:
+          lift_not_ready: bool = True, timeout_s: float = 120, extra_kubelet_args: tuple[str, ...] = (),
+          host_dirs: dict[str, Path] | None = None, services: dict[str, str] | None = None) -> RealNode:
     """Start containerd and a kubelet registering Node ``name`` with ``cluster``; return once the Node is Ready
     (and, with ``lift_not_ready``, the admission-added not-ready taint is gone). ``taints`` are passed as
     ``--register-with-taints`` exactly (use ``registration_taints``/``from_nodeclaim`` for Karpenter's set),
@@ -752,7 +759,14 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
 
     ``status_update_s``: the kubelet's nodeStatusUpdateFrequency (its default and EKS's, 10 s: the Node turns
     Ready about one period after it registers). ``wait=False`` returns once the kubelet is started: start several
-    nodes, then ``wait_ready()`` each (then stopping them on a failure is the caller's)."""
+    nodes, then ``wait_ready()`` each (then stopping them on a failure is the caller's).
+
+    ``host_dirs``: {path on the node: folder of the caller's}, bind-mounted in the node's mount namespace, so a pod's
+    hostPath of that path is that folder (the NVMe RAID mount, ``/mnt/.ephemeral`` or ``/mnt/k8s-disks/0``, of
+    this node alone). The path is made on the host as an empty mount point, as SHARED_HOST_DIRS' are.
+
+    ``services``: {"VIP:PORT": "HOST:PORT"} the node's pod-network pods reach as a cluster's pods reach ClusterIPs
+    (``kube.KUBERNETES_SERVICE`` to the API server, an S3 server's address): podservices says how."""
     preflight()
     labels = dict(labels or {})
     bad = sorted(k for k in labels if not is_kubelet_label(k))
@@ -777,7 +791,7 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
             "bridge": node.bridge}))
     try:
         _start(node, taints, labels, provider_id, auth, registries or {}, node_ip, max_pods, status_update_s,
-               extra_kubelet_args)
+               extra_kubelet_args, host_dirs or {}, services or {})
         if wait:
             node.wait_ready(timeout_s, lift_not_ready)
     except BaseException as e:
@@ -793,22 +807,37 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
 
 
 def _start(node: RealNode, taints, labels, provider_id, auth, registries, node_ip, max_pods, status_update_s,
-           extra_kubelet_args) -> None:
+           extra_kubelet_args, host_dirs, services) -> None:
     t0 = time.monotonic()
     w = node.workdir
-    root, pki, certs_d, cni_conf = w / "containerd", w / "pki", w / "certs.d", w / "cni"
-    for d in (root, pki, certs_d, cni_conf, node.root_dir, *(w / k for k in SHARED_HOST_DIRS)):
+    root, pki, certs_d, cni_conf, cni_bin = w / "containerd", w / "pki", w / "certs.d", w / "cni", w / "cni-bin"
+    for d in (root, pki, certs_d, cni_conf, cni_bin, node.root_dir, *(w / k for k in SHARED_HOST_DIRS)):
         d.mkdir(parents=True, exist_ok=True)
-    for target in SHARED_HOST_DIRS.values():
+    for target in (*SHARED_HOST_DIRS.values(), *host_dirs):
         Path(target).mkdir(parents=True, exist_ok=True)     # mount points on the host; left empty
     _write_registries(certs_d, registries)
+    # The node's own CNI bin folder: Debian's plugins, and podservices' when the node carries services.
+    for plugin in ("bridge", "host-local", "loopback"):
+        link = cni_bin / plugin
+        if not link.is_symlink():
+            link.symlink_to(CNI_BIN_DIR / plugin)
+    plugins = [{"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": node.subnet}]],
+                         "dataDir": str(w / "cni-ipam"), "routes": [{"dst": "0.0.0.0/0"}]}}]
+    if services:
+        # The gateway's address must exist before a relay can listen on it: make the bridge now (the bridge
+        # plugin takes an existing bridge with its gateway address as it is).
+        gateway = node.subnet.rsplit(".", 1)[0] + ".1"
+        for cmd in (["ip", "link", "add", "name", node.bridge, "type", "bridge"],
+                    ["ip", "addr", "add", f"{gateway}/24", "dev", node.bridge],
+                    ["ip", "link", "set", node.bridge, "up"]):
+            subprocess.run(cmd, check=True, capture_output=True)
+        node._relays, rules = podservices.start_relays(gateway, services)
+        podservices.write_plugin(cni_bin)
+        plugins.append(podservices.plugin_conf(rules))
     (cni_conf / "10-nodewarm.conflist").write_text(json.dumps({
-        "cniVersion": "0.4.0", "name": f"nodewarm-{node.node_id}",
-        "plugins": [{"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": node.subnet}]],
-                              "dataDir": str(w / "cni-ipam"), "routes": [{"dst": "0.0.0.0/0"}]}}],
-    }, indent=1))
-    (w / "containerd.toml").write_text(_containerd_config(node, root, certs_d, cni_conf))
+        "cniVersion": "0.4.0", "name": f"nodewarm-{node.node_id}", "plugins": plugins}, indent=1))
+    (w / "containerd.toml").write_text(_containerd_config(node, root, certs_d, cni_conf, cni_bin))
 
     user, node.auth = _node_credentials(node.cluster, node.name, pki, auth)
     kubeconfig = w / "kubelet.kubeconfig"
@@ -841,6 +870,10 @@ def _start(node: RealNode, taints, labels, provider_id, auth, registries, node_i
     _make_cgroup(node.cgroup.strip("/"))
     procs_file = _cgroup_v1_hierarchies()["name=systemd"] / node.cgroup.strip("/") / "runtime" / "cgroup.procs"
     binds = [f"mount --bind {_q(w / k)} {_q(v)}" for k, v in SHARED_HOST_DIRS.items()]
+    # Shared, as a mount on a systemd host is: the agent's pod mounts it with HostToContainer propagation, which
+    # containerd refuses on a private mount.
+    binds += [f"mount --bind {_q(Path(src).absolute())} {_q(target)} && mount --make-shared {_q(target)}"
+              for target, src in host_dirs.items()]
     inner = _script(w / "containerd-ns.sh", [*binds, f"exec containerd --config {_q(w / 'containerd.toml')}"])
     outer = _script(w / "run-containerd.sh", [f"echo $$ > {_q(procs_file)}",
                                               f"exec unshare --mount --propagation slave /bin/sh {_q(inner)}"])

@@ -1,0 +1,147 @@
+"""The agent as it ships on Auto Mode: the rendered DaemonSet's pod, from the `nodewarm` image, pulled from a registry
+and run by a real kubelet v1.20.2 with its own containerd (nodewarm_dev.testenv.realnode), with the ServiceAccount
+token the kubelet projects into it and the RBAC `nodewarm render` wrote; its hostPath is the node's NVMe mount.
+
+The API server runs ``in_cluster`` (ServiceAccount admission with the projected token volume); the DaemonSet
+controller, the root-CA publisher and the scheduler are the real ones; Karpenter's part is played (KarpenterSim),
+around the kubelet's own Node. The pod is on the node's pod network, as rendered: it reaches the API server through
+the ``kubernetes`` Service's ClusterIP and the session's S3 server through a ClusterIP of its own, both carried by
+realnode's ``services`` (no kube-proxy here). Its S3 credentials come in as environment variables, which on EKS the
+Pod Identity agent or IRSA's webhook provides.
+
+Fails with the reason (realnode.RealNodeUnavailable, the image build's error), never skips, where a real node or the
+image cannot be made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+import pytest
+
+from nodewarm import instancetypes, profile
+from nodewarm.api import generation
+from nodewarm.api.agentpod import NAME as AGENT
+from nodewarm.api.names import WARM_CONDITION
+from nodewarm.controller.kube import NODES, PODS, Kube
+from nodewarm.kubeapply import apply
+from nodewarm.nodeclasses.render import render
+from nodewarm_dev.testenv import kube as kubeenv
+from nodewarm_dev.testenv import realnode
+from nodewarm_dev.testenv import registry as registry_server
+from nodewarm_dev.testenv.crds import all_crds
+from nodewarm_dev.testenv.karpenter import KarpenterSim
+from support.bootstrap_fixtures import model_files, put_model, visible_files
+from support.builders import NO_CACHE, v
+from support.controller_fixtures import wait_for
+from support.images import nodewarm_image
+
+pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow]
+
+NODE, NAME, POOL = "node-rn-agent", "agent-pod", "agent-pod-pool"
+S3_SERVICE = "10.0.0.10:9000"          # an S3 Service's ClusterIP, in the API server's Service range
+# The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so the node
+# holds a pause image under that name, as an EKS AMI holds its own pause image before any pod runs.
+UPSTREAM_PAUSE = "registry.k8s.io/pause:3.9"
+
+
+def _warm(node: dict | None) -> dict | None:
+    return next((c for c in ((node or {}).get("status") or {}).get("conditions") or ()
+                 if c["type"] == WARM_CONDITION), None)
+
+
+def _agent_pod(k: Kube, namespace: str) -> dict | None:
+    pods = k.list(PODS, namespace, labelSelector=f"app.kubernetes.io/name={AGENT}")["items"]
+    return next((p for p in pods if p["spec"].get("nodeName") == NODE), None)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    realnode.preflight()
+    work = tmp_path_factory.mktemp("kube-in-cluster")
+    c = kubeenv.start(work, node_names=(NODE,), in_cluster=True)
+    try:
+        c.apply_crds(all_crds())
+        kubeenv.start_controller_manager(c, ("daemonset", "serviceaccount", "root-ca-cert-publisher"))
+        kubeenv.start_scheduler(c)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    """The `nodewarm` image of this checkout, pushed to a registry on 127.0.0.1: (registry host, image reference)."""
+    local = nodewarm_image()
+    reg = registry_server.start(tmp_path_factory.mktemp("registry"))
+    try:
+        ref = f"{reg.host}/nodewarm:{local.rsplit(':', 1)[1]}"
+        subprocess.run(["buildah", "push", "--quiet", "--tls-verify=false", local, f"docker://{ref}"],
+                       check=True, capture_output=True, timeout=300)
+        yield reg.host, ref
+    finally:
+        reg.stop()
+
+
+def test_the_rendered_agent_pod_warms_its_node_with_the_token_the_kubelet_projects(cluster, image, s3, tmp_path):
+    host, ref = image
+    k = Kube(cluster.api_client())
+    files = model_files(shards=2, mib_per_shard=1)
+    doc = v("automode", metadata__name=NAME, spec__model={"uri": put_model(s3, files)},
+            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__bootstrap__image=ref,
+            spec__nodes__nodePool=POOL, spec__serving__image=ref, spec__serving__tensorParallelSize=1)
+    p = profile.from_dict(doc)
+    docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+    agent_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(AGENT))
+    s3_env = {**s3.env(), "AWS_ENDPOINT_URL": f"http://{S3_SERVICE}"}
+    agent_ds["spec"]["template"]["spec"]["containers"][0]["env"] += [
+        {"name": n, "value": val} for n, val in s3_env.items()]
+    # What a user applies, but the vLLM Deployment and its PodDisruptionBudget (no Deployment controller runs here;
+    # policy/v1 is 1.21's) and the admission policy (1.30's; tests/nodeclasses/test_admission_policy.py checks it).
+    skip = {"Deployment", "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    apply(k.api, [d for d in docs if d["kind"] not in skip])
+
+    sim = KarpenterSim(cluster.api_client())
+    claim = sim.launch(sim.create_nodeclaim(POOL)["metadata"]["name"])
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    node = realnode.start(cluster, NODE, tmp_path / "n", **realnode.from_nodeclaim(claim),
+                          registries={host: f"http://{host}"}, host_dirs={p.nodes.cache_mount: nvme},
+                          services={kubeenv.KUBERNETES_SERVICE: cluster.server.removeprefix("https://"),
+                                    S3_SERVICE: s3.endpoint.removeprefix("http://")})
+    try:
+        node.ctr("images", "tag", realnode.PAUSE_IMAGE, UPSTREAM_PAUSE)
+        node.advertise({"nvidia.com/gpu": claim["metadata"]["labels"]["karpenter.k8s.aws/instance-gpu-count"]})
+        sim.mark_registered(claim["metadata"]["name"])
+
+        ns = p.bootstrap.namespace
+        pod = wait_for(lambda: _agent_pod(k, ns), timeout_s=60, what="the DaemonSet controller's agent pod")
+        warm = wait_for(lambda: (_warm(k.get(NODES, NODE)) or {}).get("status") == "True" and _warm(k.get(NODES, NODE)),
+                        timeout_s=240, what="the Node Warm, written by the agent pod")
+        assert warm["reason"], warm
+        model_dir = nvme / "nodewarm" / "models" / NAME / generation.model_key(p)
+        assert visible_files(model_dir) == files
+
+        pod = k.get(PODS, pod["metadata"]["name"], ns)
+        # The token is the kubelet's projection (the ServiceAccount admission's kube-api-access volume), not a
+        # Secret or an admin's.
+        projected = [vol for vol in pod["spec"]["volumes"] if vol["name"].startswith("kube-api-access-")]
+        assert projected and any("serviceAccountToken" in s for s in projected[0]["projected"]["sources"])
+        assert not pod["spec"].get("hostNetwork") and pod["status"]["podIP"].startswith("10.250.")
+        [status] = pod["status"]["containerStatuses"]
+        assert status["image"].endswith(ref.split("/", 1)[1]) and status["state"].get("running"), status
+        cid = status["containerID"].removeprefix("containerd://")
+        assert node.running_tasks().get(cid) == "RUNNING"
+    except BaseException:
+        for pod_ in k.list(PODS, p.bootstrap.namespace)["items"]:
+            print(f"===== pod {pod_['metadata']['name']} =====\n{pod_['spec'].get('nodeName')} {pod_.get('status')}",
+                  file=sys.stderr)
+        print(f"===== node {NODE} =====\n{node.logs(8000)}", file=sys.stderr)
+        for f in sorted(node.log_dir.rglob("*.log")):
+            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            node.stop()
