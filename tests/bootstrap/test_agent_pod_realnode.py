@@ -16,6 +16,7 @@ image cannot be made.
 from __future__ import annotations
 
 import contextlib
+import copy
 import subprocess
 import sys
 
@@ -24,8 +25,8 @@ import pytest
 from nodewarm import instancetypes, profile
 from nodewarm.api import generation
 from nodewarm.api.agentpod import NAME as AGENT
-from nodewarm.api.names import WARM_CONDITION
-from nodewarm.controller.kube import NODES, PODS, Kube
+from nodewarm.api.names import WARM_CONDITION, WARM_GENERATION_ANNOTATION
+from nodewarm.controller.kube import NODES, PODS, WARMPROFILES, Kube
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
@@ -50,6 +51,10 @@ UPSTREAM_PAUSE = "registry.k8s.io/pause:3.9"
 def _warm(node: dict | None) -> dict | None:
     return next((c for c in ((node or {}).get("status") or {}).get("conditions") or ()
                  if c["type"] == WARM_CONDITION), None)
+
+
+def _annotations(k: Kube) -> dict:
+    return k.get(NODES, NODE)["metadata"].get("annotations") or {}
 
 
 def _agent_pod(k: Kube, namespace: str) -> dict | None:
@@ -85,7 +90,7 @@ def image(tmp_path_factory):
         reg.stop()
 
 
-def test_the_rendered_agent_pod_warms_its_node_with_the_token_the_kubelet_projects(cluster, image, s3, tmp_path):
+def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generation(cluster, image, s3, tmp_path):
     host, ref = image
     k = Kube(cluster.api_client())
     files = model_files(shards=2, mib_per_shard=1)
@@ -134,6 +139,24 @@ def test_the_rendered_agent_pod_warms_its_node_with_the_token_the_kubelet_projec
         assert status["image"].endswith(ref.split("/", 1)[1]) and status["state"].get("running"), status
         cid = status["containerID"].removeprefix("containerd://")
         assert node.running_tasks().get(cid) == "RUNNING"
+
+        # A model roll while the agent pod runs: generation 2 is warmed beside 1, then 1 is removed, since no vLLM
+        # pod of generation 1 runs here; the agent's own pod, which mounts the whole NVMe folder, uses neither.
+        files2 = model_files(shards=2, mib_per_shard=1, seed=2)
+        doc2 = copy.deepcopy(doc)
+        doc2["spec"]["model"]["uri"] = put_model(s3, files2)
+        doc2["metadata"]["resourceVersion"] = k.get(WARMPROFILES, NAME)["metadata"]["resourceVersion"]
+        k.replace(WARMPROFILES, NAME, doc2)
+        p2 = profile.from_dict(doc2)
+        new_dir = nvme / "nodewarm" / "models" / NAME / generation.model_key(p2)
+        # The agent pod writes the generation it holds as an annotation (the label is the controller's to copy).
+        wait_for(lambda: _annotations(k).get(WARM_GENERATION_ANNOTATION) == generation.generation(p2), timeout_s=120,
+                 what="the agent pod reporting generation 2 on its Node")
+        assert visible_files(new_dir) == files2
+        wait_for(lambda: not model_dir.exists(), timeout_s=60, what="generation 1's weights removed")
+        assert _warm(k.get(NODES, NODE))["status"] == "True"
+        [status] = k.get(PODS, pod["metadata"]["name"], ns)["status"]["containerStatuses"]
+        assert status["containerID"] == f"containerd://{cid}" and status["restartCount"] == 0, status
     except BaseException:
         for pod_ in k.list(PODS, p.bootstrap.namespace)["items"]:
             print(f"===== pod {pod_['metadata']['name']} =====\n{pod_['spec'].get('nodeName')} {pod_.get('status')}",
