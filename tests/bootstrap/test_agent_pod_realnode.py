@@ -139,6 +139,9 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
         assert status["image"].endswith(ref.split("/", 1)[1]) and status["state"].get("running"), status
         cid = status["containerID"].removeprefix("containerd://")
         assert node.running_tasks().get(cid) == "RUNNING"
+        # Its result file is written where the pod may write (its root filesystem is read-only).
+        log = "".join(f.read_text() for f in node.log_dir.glob(f"{ns}_{pod['metadata']['name']}_*/agent/*.log"))
+        assert '"agent.done"' in log and "agent.result_not_written" not in log, log[-3000:]
 
         # A model roll while the agent pod runs: generation 2 is warmed beside 1, then 1 is removed, since no vLLM
         # pod of generation 1 runs here; the agent's own pod, which mounts the whole NVMe folder, uses neither.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodewarm.userdata.daemonset import NAME, manifests
+from nodewarm.userdata.daemonset import NAME, STATE_DIR, manifests
 from nodewarm.userdata.errors import UserDataInvalid
 from nodewarm.userdata.launch import BootstrapLaunch
 
@@ -52,8 +52,11 @@ def test_the_agent_is_one_unprivileged_container_writing_only_the_nvme_hostpath(
     pod = daemonset(render())["spec"]["template"]["spec"]
     assert "initContainers" not in pod          # the agent keeps running: it follows its WarmProfile
     [agent] = pod["containers"]
-    assert agent["command"] == ["nodewarm"] and agent["args"] == launch().bootstrap_argv()
-    assert agent["args"] == ["bootstrap", "run", "--profile", "llama-8b", "--mount", "/mnt/.ephemeral"]
+    assert agent["command"] == ["nodewarm"] and agent["args"] == [*launch().bootstrap_argv(), "--state-dir", STATE_DIR]
+    # Its result file goes to the pod's writable /tmp (an emptyDir): the root filesystem is read-only.
+    assert agent["args"] == ["bootstrap", "run", "--profile", "llama-8b", "--mount", "/mnt/.ephemeral",
+                             "--state-dir", "/tmp/nodewarm"]
+    assert {"name": "tmp", "mountPath": "/tmp"} in agent["volumeMounts"]
     sc = agent["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"]
     assert sc["capabilities"] == {"drop": ["ALL"]}

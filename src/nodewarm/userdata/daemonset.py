@@ -29,6 +29,10 @@ from .errors import UserDataInvalid
 from .launch import BootstrapLaunch
 
 PREPULL_ROLE = f"{NAME}-image-prepull"
+# The agent's state folder (its agent-result.json) in the pod: its root filesystem is read-only and the host's
+# /var/lib/nodewarm is not its to write, so the result lives in the pod's /tmp (an emptyDir) for the pod's life;
+# the Node's condition and annotations carry what the cluster needs.
+STATE_DIR = "/tmp/nodewarm"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 GPU_TAINT_KEYS = ("nvidia.com/gpu",)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
@@ -176,7 +180,7 @@ def manifests(
                         "name": "agent",
                         "image": image,
                         "command": ["nodewarm"],
-                        "args": launch.bootstrap_argv(),
+                        "args": [*launch.bootstrap_argv(), "--state-dir", STATE_DIR],
                         "env": env,
                         # Root (it owns the files it writes under the mount), but no capability, no escalation,
                         # a read-only image: hostPath write under the NVMe mount is all it needs.
