@@ -19,13 +19,17 @@ import contextlib
 import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from nodewarm import instancetypes, profile
-from nodewarm.api import generation
+from nodewarm.api import generation, models
+from nodewarm.bootstrap import modelset
+from nodewarm.controller import manifests
+from nodewarm.sizing import NODE_FREE_MARGIN_MIN_BYTES as SIZING_MIN_FREE
 from nodewarm.api.agentpod import NAME as AGENT
-from nodewarm.api.names import WARM_CONDITION, WARM_GENERATION_ANNOTATION
+from nodewarm.api.names import MODEL_LABEL_PREFIX, WARM_CONDITION, WARM_GENERATION_ANNOTATION
 from nodewarm.controller.kube import NODES, PODS, WARMPROFILES, Kube
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses.render import render
@@ -36,12 +40,15 @@ from nodewarm_dev.testenv.crds import all_crds
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 from support.bootstrap_fixtures import model_files, put_model, visible_files
 from support.builders import NO_CACHE, v
-from support.controller_fixtures import wait_for
+from support.controller_fixtures import running, uniq, wait_for
+from support.rbac import apply_replacing
 from support.images import nodewarm_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow]
 
 NODE, NAME, POOL = "node-rn-agent", "agent-pod", "agent-pod-pool"
+SMALL_NODE = "node-rn-small"
+MiB = 1 << 20
 S3_SERVICE = "10.0.0.10:9000"          # an S3 Service's ClusterIP, in the API server's Service range
 # The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so the node
 # holds a pause image under that name, as an EKS AMI holds its own pause image before any pod runs.
@@ -53,20 +60,20 @@ def _warm(node: dict | None) -> dict | None:
                  if c["type"] == WARM_CONDITION), None)
 
 
-def _annotations(k: Kube) -> dict:
-    return k.get(NODES, NODE)["metadata"].get("annotations") or {}
+def _annotations(k: Kube, node: str = NODE) -> dict:
+    return k.get(NODES, node)["metadata"].get("annotations") or {}
 
 
-def _agent_pod(k: Kube, namespace: str) -> dict | None:
+def _agent_pod(k: Kube, namespace: str, node: str = NODE) -> dict | None:
     pods = k.list(PODS, namespace, labelSelector=f"app.kubernetes.io/name={AGENT}")["items"]
-    return next((p for p in pods if p["spec"].get("nodeName") == NODE), None)
+    return next((p for p in pods if p["spec"].get("nodeName") == node), None)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     realnode.preflight()
     work = tmp_path_factory.mktemp("kube-in-cluster")
-    c = kubeenv.start(work, node_names=(NODE,), in_cluster=True)
+    c = kubeenv.start(work, node_names=(NODE, SMALL_NODE), in_cluster=True)
     try:
         c.apply_crds(all_crds())
         kubeenv.start_controller_manager(c, ("daemonset", "serviceaccount", "root-ca-cert-publisher"))
@@ -90,13 +97,13 @@ def image(tmp_path_factory):
         reg.stop()
 
 
-def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generation(cluster, image, s3, tmp_path):
+@contextlib.contextmanager
+def _joined(cluster, image, s3, tmp_path, doc: dict, node_name: str, nvme: Path):
+    """The profile ``doc`` rendered and applied as a user would, and a real node of its pool launched, joined and
+    registered, its NVMe folder ``nvme``; yields the running node. Stopped (and its logs printed on a failure)
+    afterwards."""
     host, ref = image
     k = Kube(cluster.api_client())
-    files = model_files(shards=2, mib_per_shard=1)
-    doc = v("automode", metadata__name=NAME, spec__model={"uri": put_model(s3, files)},
-            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__bootstrap__image=ref,
-            spec__nodes__nodePool=POOL, spec__serving__image=ref, spec__serving__tensorParallelSize=1)
     p = profile.from_dict(doc)
     docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
     agent_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(AGENT))
@@ -109,10 +116,8 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
     apply(k.api, [d for d in docs if d["kind"] not in skip])
 
     sim = KarpenterSim(cluster.api_client())
-    claim = sim.launch(sim.create_nodeclaim(POOL)["metadata"]["name"])
-    nvme = tmp_path / "nvme"
-    nvme.mkdir()
-    node = realnode.start(cluster, NODE, tmp_path / "n", **realnode.from_nodeclaim(claim),
+    claim = sim.launch(sim.create_nodeclaim(p.nodes.node_pool)["metadata"]["name"])
+    node = realnode.start(cluster, node_name, tmp_path / "n", **realnode.from_nodeclaim(claim),
                           registries={host: f"http://{host}"}, host_dirs={p.nodes.cache_mount: nvme},
                           services={kubeenv.KUBERNETES_SERVICE: cluster.server.removeprefix("https://"),
                                     S3_SERVICE: s3.endpoint.removeprefix("http://")})
@@ -120,7 +125,31 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
         node.ctr("images", "tag", realnode.PAUSE_IMAGE, UPSTREAM_PAUSE)
         node.advertise({"nvidia.com/gpu": claim["metadata"]["labels"]["karpenter.k8s.aws/instance-gpu-count"]})
         sim.mark_registered(claim["metadata"]["name"])
+        yield node
+    except BaseException:
+        for pod_ in k.list(PODS, p.bootstrap.namespace)["items"]:
+            print(f"===== pod {pod_['metadata']['name']} =====\n{pod_['spec'].get('nodeName')} {pod_.get('status')}",
+                  file=sys.stderr)
+        print(f"===== node {node_name} =====\n{node.logs(8000)}", file=sys.stderr)
+        for f in sorted(node.log_dir.rglob("*.log")):
+            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            node.stop()
 
+
+def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generation(cluster, image, s3, tmp_path):
+    _, ref = image
+    k = Kube(cluster.api_client())
+    files = model_files(shards=2, mib_per_shard=1)
+    doc = v("automode", metadata__name=NAME, spec__model={"uri": put_model(s3, files)},
+            spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True, spec__bootstrap__image=ref,
+            spec__nodes__nodePool=POOL, spec__serving__image=ref, spec__serving__tensorParallelSize=1)
+    p = profile.from_dict(doc)
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    with _joined(cluster, image, s3, tmp_path, doc, NODE, nvme) as node:
         ns = p.bootstrap.namespace
         pod = wait_for(lambda: _agent_pod(k, ns), timeout_s=60, what="the DaemonSet controller's agent pod")
         warm = wait_for(lambda: (_warm(k.get(NODES, NODE)) or {}).get("status") == "True" and _warm(k.get(NODES, NODE)),
@@ -160,14 +189,69 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
         assert _warm(k.get(NODES, NODE))["status"] == "True"
         [status] = k.get(PODS, pod["metadata"]["name"], ns)["status"]["containerStatuses"]
         assert status["containerID"] == f"containerd://{cid}" and status["restartCount"] == 0, status
-    except BaseException:
-        for pod_ in k.list(PODS, p.bootstrap.namespace)["items"]:
-            print(f"===== pod {pod_['metadata']['name']} =====\n{pod_['spec'].get('nodeName')} {pod_.get('status')}",
-                  file=sys.stderr)
-        print(f"===== node {NODE} =====\n{node.logs(8000)}", file=sys.stderr)
-        for f in sorted(node.log_dir.rglob("*.log")):
-            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
-        raise
+
+
+@pytest.fixture
+def small_nvme(tmp_path):
+    """A real filesystem with room for 12 MiB of models: a tmpfs of the agent's 2 GiB minimum free margin
+    (nodewarm.sizing) plus 12 MiB. tmpfs takes memory only for what is written."""
+    mnt = tmp_path / "small-nvme"
+    mnt.mkdir()
+    size = (SIZING_MIN_FREE + 12 * MiB) // 1024
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}k", "nodewarm-small-nvme", str(mnt)], check=True)
+    try:
+        yield mnt
     finally:
-        with contextlib.suppress(Exception):
-            node.stop()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_agent_pod(
+        cluster, image, s3, small_nvme, tmp_path):
+    """The many-models eviction with the agent's own pod on the node, mounting the whole NVMe folder: that pod is
+    no user of any model. The nodewarm controller (in this process, as its own ServiceAccount with the RBAC it ships)
+    turns the agent's report into the model labels and takes a label off before the agent deletes the files."""
+    _, ref = image
+    k = Kube(cluster.api_client())
+    name, pool = "agent-models", "agent-models-pool"
+    doc = v("automode", metadata__name=name, spec__compileCache__uri=NO_CACHE, spec__bootstrap__allowNonNvme=True,
+            spec__bootstrap__image=ref, spec__serving__image=ref, spec__serving__tensorParallelSize=1,
+            spec__nodes__nodePool=pool,
+            spec__model={"uri": put_model(s3, model_files(shards=1, mib_per_shard=1, seed=50)), "sizeGB": 0.0011},
+            spec__models=[{"name": "c", "uri": put_model(s3, model_files(shards=2, mib_per_shard=4, seed=51)),
+                           "sizeGB": 0.0085, "priority": 1}])
+    ns = uniq("nodewarm")
+    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
+    with running(cluster.api_client(cluster.service_account_token(ns, manifests.NAME))), \
+            _joined(cluster, image, s3, tmp_path, doc, SMALL_NODE, small_nvme):
+        c = _view(doc, "c")
+        wait_for(lambda: _model_labels(k) == {models.label_key(c): generation.generation(c)}, timeout_s=240,
+                 what="model c warm and labelled")
+        c_dir = _folder(doc, small_nvme, c.name)
+        assert c_dir.is_dir()
+
+        # d matters more than c (priority 5) and both do not fit: c is evicted and d pulled, though the agent's pod
+        # mounts the whole NVMe folder.
+        with_d = copy.deepcopy(doc)
+        with_d["spec"]["models"].append({"name": "d", "priority": 5, "sizeGB": 0.0048,
+                                         "uri": put_model(s3, model_files(shards=3, mib_per_shard=1.5, seed=52))})
+        with_d["metadata"]["resourceVersion"] = k.get(WARMPROFILES, name)["metadata"]["resourceVersion"]
+        k.replace(WARMPROFILES, name, with_d)
+        d = _view(with_d, "d")
+        wait_for(lambda: _model_labels(k) == {models.label_key(d): generation.generation(d)}, timeout_s=120,
+                 what="c evicted and d labelled")
+        assert not c_dir.exists() and _folder(with_d, small_nvme, d.name).is_dir()
+        assert _agent_pod(k, profile.from_dict(doc).bootstrap.namespace, SMALL_NODE)["status"]["phase"] == "Running"
+
+
+def _model_labels(k: Kube) -> dict[str, str]:
+    return {key: val for key, val in (k.get(NODES, SMALL_NODE)["metadata"].get("labels") or {}).items()
+            if key.startswith(MODEL_LABEL_PREFIX)}
+
+
+def _view(doc: dict, name: str):
+    p = profile.from_dict(doc)
+    return next(x for x in models.views(p) if x.name == f"{p.name}-{name}")
+
+
+def _folder(doc: dict, mount: Path, view_name: str) -> Path:
+    return {t.name: t.dest for t in modelset.targets(profile.from_dict(doc), mount)}[view_name]
