@@ -2,8 +2,9 @@
 and run by a real kubelet v1.20.2 with its own containerd (nodewarm_dev.testenv.realnode), with the ServiceAccount
 token the kubelet projects into it and the RBAC `nodewarm render` wrote; its hostPath is the node's NVMe mount.
 
-The API server runs ``in_cluster`` (ServiceAccount admission with the projected token volume); the DaemonSet
-controller, the root-CA publisher and the scheduler are the real ones; Karpenter's part is played (KarpenterSim),
+The API server runs ``in_cluster`` (ServiceAccount admission with the projected token volume); the DaemonSet,
+Deployment and ServiceAccount controllers, the root-CA publisher and the scheduler are the real ones; the nodewarm
+controller is its rendered Deployment's pod on a system node of its own; Karpenter's part is played (KarpenterSim),
 around the kubelet's own Node. The pod is on the node's pod network, as rendered: it reaches the API server through
 the ``kubernetes`` Service's ClusterIP and the session's S3 server through a ClusterIP of its own, both carried by
 realnode's ``services`` (no kube-proxy here). Its S3 credentials come in as environment variables, which on EKS the
@@ -40,14 +41,15 @@ from nodewarm_dev.testenv.crds import all_crds
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 from support.bootstrap_fixtures import model_files, put_model, visible_files
 from support.builders import NO_CACHE, v
-from support.controller_fixtures import running, uniq, wait_for
-from support.rbac import apply_replacing
+from support.controller_fixtures import wait_for
 from support.images import nodewarm_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow]
 
 NODE, NAME, POOL = "node-rn-agent", "agent-pod", "agent-pod-pool"
 SMALL_NODE = "node-rn-small"
+SYSTEM_NODE = "node-rn-system"        # the controller's: no GPU, no taint
+CONTROLLER_NS = "nodewarm"
 MiB = 1 << 20
 S3_SERVICE = "10.0.0.10:9000"          # an S3 Service's ClusterIP, in the API server's Service range
 # The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so the node
@@ -73,14 +75,43 @@ def _agent_pod(k: Kube, namespace: str, node: str = NODE) -> dict | None:
 def cluster(tmp_path_factory):
     realnode.preflight()
     work = tmp_path_factory.mktemp("kube-in-cluster")
-    c = kubeenv.start(work, node_names=(NODE, SMALL_NODE), in_cluster=True)
+    c = kubeenv.start(work, node_names=(NODE, SMALL_NODE, SYSTEM_NODE), in_cluster=True)
     try:
         c.apply_crds(all_crds())
-        kubeenv.start_controller_manager(c, ("daemonset", "serviceaccount", "root-ca-cert-publisher"))
+        kubeenv.start_controller_manager(c, ("daemonset", "deployment", "replicaset", "serviceaccount",
+                                             "root-ca-cert-publisher"))
         kubeenv.start_scheduler(c)
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def controller_pod(cluster, image, tmp_path_factory):
+    """The nodewarm controller as it ships (``nodewarm render --with-controller``: its Deployment, ServiceAccount and
+    RBAC) on a real node of its own, a system node with no GPU and no taint, as a cluster runs it; one replica.
+    Yields the controller's namespace."""
+    _, ref = image
+    k = Kube(cluster.api_client())
+    apply(k.api, manifests.render(ref, CONTROLLER_NS, replicas=1))
+    node = realnode.start(cluster, SYSTEM_NODE, tmp_path_factory.mktemp("system") / "n",
+                          registries={image[0]: f"http://{image[0]}"},
+                          services={kubeenv.KUBERNETES_SERVICE: cluster.server.removeprefix("https://")})
+    try:
+        def ready() -> bool:
+            pods = k.list(PODS, CONTROLLER_NS, labelSelector=f"app.kubernetes.io/name={manifests.NAME}")["items"]
+            return any(p["spec"].get("nodeName") == SYSTEM_NODE and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or ())
+                for p in pods)
+        wait_for(ready, timeout_s=180, what="the controller pod Ready on the system node")
+        yield CONTROLLER_NS
+    except BaseException:
+        print(f"===== node {SYSTEM_NODE} =====\n{node.logs(6000)}", file=sys.stderr)
+        for f in sorted(node.log_dir.rglob("*.log")):
+            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+        raise
+    finally:
+        node.stop()
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +170,8 @@ def _joined(cluster, image, s3, tmp_path, doc: dict, node_name: str, nvme: Path)
             node.stop()
 
 
-def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generation(cluster, image, s3, tmp_path):
+def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generation(
+        cluster, image, controller_pod, s3, tmp_path):
     _, ref = image
     k = Kube(cluster.api_client())
     files = model_files(shards=2, mib_per_shard=1)
@@ -155,6 +187,9 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
         warm = wait_for(lambda: (_warm(k.get(NODES, NODE)) or {}).get("status") == "True" and _warm(k.get(NODES, NODE)),
                         timeout_s=240, what="the Node Warm, written by the agent pod")
         assert warm["reason"], warm
+        # Registered and Warm: the controller's pod lifts the startup taint.
+        wait_for(lambda: p.readiness.taint_key not in [t["key"] for t in k.get(NODES, NODE)["spec"].get("taints") or ()],
+                 timeout_s=60, what="the startup taint lifted by the controller pod")
         model_dir = nvme / "nodewarm" / "models" / NAME / generation.model_key(p)
         assert visible_files(model_dir) == files
 
@@ -206,10 +241,10 @@ def small_nvme(tmp_path):
 
 
 def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_agent_pod(
-        cluster, image, s3, small_nvme, tmp_path):
+        cluster, image, controller_pod, s3, small_nvme, tmp_path):
     """The many-models eviction with the agent's own pod on the node, mounting the whole NVMe folder: that pod is
-    no user of any model. The nodewarm controller (in this process, as its own ServiceAccount with the RBAC it ships)
-    turns the agent's report into the model labels and takes a label off before the agent deletes the files."""
+    no user of any model. The nodewarm controller (its pod on the system node) turns the agent's report into the
+    model labels and takes a label off before the agent deletes the files."""
     _, ref = image
     k = Kube(cluster.api_client())
     name, pool = "agent-models", "agent-models-pool"
@@ -219,10 +254,7 @@ def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_
             spec__model={"uri": put_model(s3, model_files(shards=1, mib_per_shard=1, seed=50)), "sizeGB": 0.0011},
             spec__models=[{"name": "c", "uri": put_model(s3, model_files(shards=2, mib_per_shard=4, seed=51)),
                            "sizeGB": 0.0085, "priority": 1}])
-    ns = uniq("nodewarm")
-    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
-    with running(cluster.api_client(cluster.service_account_token(ns, manifests.NAME))), \
-            _joined(cluster, image, s3, tmp_path, doc, SMALL_NODE, small_nvme):
+    with _joined(cluster, image, s3, tmp_path, doc, SMALL_NODE, small_nvme):
         c = _view(doc, "c")
         wait_for(lambda: _model_labels(k) == {models.label_key(c): generation.generation(c)}, timeout_s=240,
                  what="model c warm and labelled")
