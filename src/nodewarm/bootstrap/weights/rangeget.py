@@ -48,10 +48,24 @@ class Endpoint:
     netloc: str  # what the signature covers as Host
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_header(url: str) -> str:
+    """The Host a presigned ``url`` was signed for. botocore signs the host without the scheme's default port, and
+    keeps it in the URL when the endpoint names it (``http://minio.svc:80``, ``https://s3.example:443``): sending
+    the URL's netloc as is would make every request a 403 SignatureDoesNotMatch."""
+    u = urlsplit(url)
+    netloc = u.netloc.rpartition("@")[2]
+    if u.port is not None and u.port == _DEFAULT_PORTS.get(u.scheme):
+        netloc = netloc[:netloc.rindex(":")]
+    return netloc
+
+
 def endpoint_of(url: str) -> Endpoint:
     u = urlsplit(url)
-    port = u.port or (443 if u.scheme == "https" else 80)
-    return Endpoint(u.scheme, u.hostname or "", port, u.netloc)
+    port = u.port or _DEFAULT_PORTS.get(u.scheme, 80)
+    return Endpoint(u.scheme, u.hostname or "", port, host_header(url))
 
 
 def error_from(status: int, body: bytes, operation: str = "GetObject") -> ClientError:
@@ -167,7 +181,7 @@ class Connection:
               low_speed_time_s: float) -> tuple[int, dict[str, str], bytes]:
         u = urlsplit(url)
         target = u.path + ("?" + u.query if u.query else "")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {u.netloc}", "Accept-Encoding: identity",
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header(url)}", "Accept-Encoding: identity",
                  *(f"{k}: {v}" for k, v in headers.items())]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         if self.sock is None:
