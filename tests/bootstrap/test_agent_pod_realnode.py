@@ -51,7 +51,7 @@ SMALL_NODE = "node-rn-small"
 SYSTEM_NODE = "node-rn-system"        # the controller's: no GPU, no taint
 CONTROLLER_NS = "nodewarm"
 MiB = 1 << 20
-S3_SERVICE = "10.0.0.10:9000"          # an S3 Service's ClusterIP, in the API server's Service range
+S3_SERVICE = "10.0.0.10:80"             # an S3 Service's ClusterIP and port, in the API server's Service range
 # The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so the node
 # holds a pause image under that name, as an EKS AMI holds its own pause image before any pod runs.
 UPSTREAM_PAUSE = "registry.k8s.io/pause:3.9"
