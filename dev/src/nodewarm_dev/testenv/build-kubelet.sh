@@ -12,7 +12,7 @@ log() { echo "[build-kubelet] $*" >&2; }
 SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
 
 need=()
-for p in containerd runc containernetworking-plugins gcc libc6-dev; do
+for p in containerd runc containernetworking-plugins iptables gcc libc6-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then

@@ -148,7 +148,7 @@ def preflight() -> None:
             problems.append(f"{bins / b} missing: bash dev/src/nodewarm_dev/testenv/build-kubelet.sh")
     for tool, pkg in (("containerd", "containerd"), ("ctr", "containerd"), ("runc", "runc"),
                       ("containerd-shim-runc-v2", "containerd"), ("unshare", "util-linux"),
-                      ("nsenter", "util-linux"), ("ip", "iproute2")):
+                      ("nsenter", "util-linux"), ("ip", "iproute2"), ("iptables", "iptables")):
         if not shutil.which(tool):
             problems.append(f"{tool} not found: apt-get install {pkg} (build-kubelet.sh installs it)")
     for p in ("bridge", "host-local", "loopback"):
