@@ -44,7 +44,7 @@ from support.builders import NO_CACHE, v
 from support.controller_fixtures import wait_for
 from support.images import nodewarm_image
 
-pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow, pytest.mark.realnode]
 
 NODE, NAME, POOL = "node-rn-agent", "agent-pod", "agent-pod-pool"
 SMALL_NODE = "node-rn-small"

@@ -27,7 +27,7 @@ from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import TAINT, installed, taint_keys, wait_for
 
-pytestmark = [pytest.mark.kube, pytest.mark.slow]
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.realnode]
 
 NODE = "node-3"         # a kubelet identity of the session API server's tokens.csv
 POD = "gated-workload"

@@ -26,7 +26,7 @@ from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import installed, wait_for
 
-pytestmark = [pytest.mark.kube, pytest.mark.slow]
+pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.realnode]
 
 NODE_NAMES = ("node-6", "node-7")       # kubelet identities in the session API server's tokens.csv
 

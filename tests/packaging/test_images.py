@@ -33,7 +33,7 @@ from nodewarm_dev.testenv import registry as registry_server
 from support import images
 from support.paths import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.realnode]
 
 # Uncompressed, as `podman image inspect` counts it: ~360 MB today (the Debian base ~106 MB, kubernetes 37 with its
 # asyncio client ~128 MB). torch alone would be several times this: the budget catches a dependency that pulls it in.
