@@ -26,11 +26,10 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api import generation, models
-from nodewarm.bootstrap import modelset
 from nodewarm.controller import manifests
 from nodewarm.sizing import NODE_FREE_MARGIN_MIN_BYTES as SIZING_MIN_FREE
 from nodewarm.api.agentpod import NAME as AGENT
-from nodewarm.api.names import MODEL_LABEL_PREFIX, WARM_CONDITION, WARM_GENERATION_ANNOTATION
+from nodewarm.api.names import WARM_CONDITION, WARM_GENERATION_ANNOTATION
 from nodewarm.controller.kube import NODES, PODS, WARMPROFILES, Kube
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses.render import render
@@ -42,6 +41,7 @@ from nodewarm_dev.testenv.karpenter import KarpenterSim
 from support.bootstrap_fixtures import model_files, put_model, visible_files
 from support.builders import NO_CACHE, v
 from support.controller_fixtures import wait_for
+from support.modelviews import folder, model_labels, view
 from support.images import nodewarm_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow, pytest.mark.realnode]
@@ -69,6 +69,13 @@ def _annotations(k: Kube, node: str = NODE) -> dict:
 def _agent_pod(k: Kube, namespace: str, node: str = NODE) -> dict | None:
     pods = k.list(PODS, namespace, labelSelector=f"app.kubernetes.io/name={AGENT}")["items"]
     return next((p for p in pods if p["spec"].get("nodeName") == node), None)
+
+
+def _print_logs(node: realnode.RealNode) -> None:
+    """For a failing test: the node's containerd and kubelet logs and every container's log on it."""
+    print(f"===== node {node.name} =====\n{node.logs(8000)}", file=sys.stderr)
+    for f in sorted(node.log_dir.rglob("*.log")):
+        print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +113,7 @@ def controller_pod(cluster, image, tmp_path_factory):
         wait_for(ready, timeout_s=180, what="the controller pod Ready on the system node")
         yield CONTROLLER_NS
     except BaseException:
-        print(f"===== node {SYSTEM_NODE} =====\n{node.logs(6000)}", file=sys.stderr)
-        for f in sorted(node.log_dir.rglob("*.log")):
-            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+        _print_logs(node)
         raise
     finally:
         node.stop()
@@ -161,9 +166,7 @@ def _joined(cluster, image, s3, tmp_path, doc: dict, node_name: str, nvme: Path)
         for pod_ in k.list(PODS, p.bootstrap.namespace)["items"]:
             print(f"===== pod {pod_['metadata']['name']} =====\n{pod_['spec'].get('nodeName')} {pod_.get('status')}",
                   file=sys.stderr)
-        print(f"===== node {node_name} =====\n{node.logs(8000)}", file=sys.stderr)
-        for f in sorted(node.log_dir.rglob("*.log")):
-            print(f"===== {f} =====\n{f.read_text(errors='replace')[-6000:]}", file=sys.stderr)
+        _print_logs(node)
         raise
     finally:
         with contextlib.suppress(Exception):
@@ -255,10 +258,10 @@ def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_
             spec__models=[{"name": "c", "uri": put_model(s3, model_files(shards=2, mib_per_shard=4, seed=51)),
                            "sizeGB": 0.0085, "priority": 1}])
     with _joined(cluster, image, s3, tmp_path, doc, SMALL_NODE, small_nvme):
-        c = _view(doc, "c")
-        wait_for(lambda: _model_labels(k) == {models.label_key(c): generation.generation(c)}, timeout_s=240,
+        c = view(doc, "c")
+        wait_for(lambda: model_labels(k, SMALL_NODE) == {models.label_key(c): generation.generation(c)}, timeout_s=240,
                  what="model c warm and labelled")
-        c_dir = _folder(doc, small_nvme, c.name)
+        c_dir = folder(doc, small_nvme, c.name)
         assert c_dir.is_dir()
 
         # d matters more than c (priority 5) and both do not fit: c is evicted and d pulled, though the agent's pod
@@ -268,22 +271,9 @@ def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_
                                          "uri": put_model(s3, model_files(shards=3, mib_per_shard=1.5, seed=52))})
         with_d["metadata"]["resourceVersion"] = k.get(WARMPROFILES, name)["metadata"]["resourceVersion"]
         k.replace(WARMPROFILES, name, with_d)
-        d = _view(with_d, "d")
-        wait_for(lambda: _model_labels(k) == {models.label_key(d): generation.generation(d)}, timeout_s=120,
+        d = view(with_d, "d")
+        wait_for(lambda: model_labels(k, SMALL_NODE) == {models.label_key(d): generation.generation(d)}, timeout_s=120,
                  what="c evicted and d labelled")
-        assert not c_dir.exists() and _folder(with_d, small_nvme, d.name).is_dir()
+        assert not c_dir.exists() and folder(with_d, small_nvme, d.name).is_dir()
         assert _agent_pod(k, profile.from_dict(doc).bootstrap.namespace, SMALL_NODE)["status"]["phase"] == "Running"
 
-
-def _model_labels(k: Kube) -> dict[str, str]:
-    return {key: val for key, val in (k.get(NODES, SMALL_NODE)["metadata"].get("labels") or {}).items()
-            if key.startswith(MODEL_LABEL_PREFIX)}
-
-
-def _view(doc: dict, name: str):
-    p = profile.from_dict(doc)
-    return next(x for x in models.views(p) if x.name == f"{p.name}-{name}")
-
-
-def _folder(doc: dict, mount: Path, view_name: str) -> Path:
-    return {t.name: t.dest for t in modelset.targets(profile.from_dict(doc), mount)}[view_name]

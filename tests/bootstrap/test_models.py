@@ -14,10 +14,11 @@ import pytest
 from support.builders import NO_CACHE, v
 from support.bootstrap_fixtures import RunningAgent as Running, model_files, put_model, serving_node
 from support.controller_fixtures import wait_for
+from support.modelviews import folder, model_labels, view
 from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.generation import generation
-from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION, PROFILE_LABEL
+from nodewarm.api.names import MODELS_ANNOTATION, PROFILE_LABEL
 from nodewarm.bootstrap import modelset
 from nodewarm.bootstrap.weights.capacity import Headroom, free_space
 from nodewarm.controller.kube import NODES, Resource
@@ -34,21 +35,6 @@ def pool_node(k, fresh_node, name: str, profile_name: str) -> None:
 
 def report(k, node) -> dict[str, models.HeldModel]:
     return models.decode((k.get(NODES, node)["metadata"].get("annotations") or {}).get(MODELS_ANNOTATION))
-
-
-def model_labels(k, node) -> dict[str, str]:
-    return {key: val for key, val in (k.get(NODES, node)["metadata"].get("labels") or {}).items()
-            if key.startswith(MODEL_LABEL_PREFIX)}
-
-
-def folder(doc, mount: Path, view_name: str) -> Path:
-    """Where the node holds the model ``view_name`` of profile ``doc`` at its generation in ``doc``."""
-    return {t.name: t.dest for t in modelset.targets(profile.from_dict(doc), mount)}[view_name]
-
-
-def view(doc, name):
-    p = profile.from_dict(doc)
-    return next(x for x in models.views(p) if x.name == f"{p.name}-{name}")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from support.builders import TAINT, v
 from support.controller_fixtures import client_for, events_for, installed, running, taint_keys, uniq, wait_for
 from support.jsonpatch import apply_json_patch
 from support.kubefaults import KubeFaults
+from support.modelviews import model_labels
 from support.rbac import apply_replacing
 
 T0 = 1_800_000_000.0
@@ -170,11 +171,6 @@ def _report(kube, node: str, *held: HeldModel) -> None:
     report_progress(kube.api_client(kube.node_token(node)), node, {MODELS_ANNOTATION: models.encode(list(held))})
 
 
-def _model_labels(k: Kube, node: str) -> dict[str, str]:
-    return {key: val for key, val in (k.get(NODES, node)["metadata"].get("labels") or {}).items()
-            if key.startswith(MODEL_LABEL_PREFIX)}
-
-
 def _reasons(k: Kube, node: str) -> list[str]:
     return [e["reason"] for e in events_for(k, "Node", node)]
 
@@ -190,19 +186,19 @@ def test_labels_follow_the_nodes_report_and_the_profile(kube, as_controller):
         try:
             with running(client_for(kube.server, token, kube.ca_file)) as c:
                 _report(kube, node, warm(vs, "g1"), warm(vt, "g2"))
-                wait_for(lambda: _model_labels(ak, node) == {small: "g1", tiny: "g2"}, what="both models labelled")
+                wait_for(lambda: model_labels(ak, node) == {small: "g1", tiny: "g2"}, what="both models labelled")
                 wait_for(lambda: _reasons(ak, node).count(ml.MODEL_LABELED) == 2, what="two ModelLabeled events")
 
                 _report(kube, node, warm(vs, "g3"), warm(vt, "g2"))
-                wait_for(lambda: _model_labels(ak, node) == {small: "g3", tiny: "g2"}, what="small switched to g3")
+                wait_for(lambda: model_labels(ak, node) == {small: "g3", tiny: "g2"}, what="small switched to g3")
 
                 # The eviction handshake: the agent says evicting and waits for the label to go.
                 _report(kube, node, warm(vs, "g3"), HeldModel(vt, models.EVICTING, generation="g2"))
-                wait_for(lambda: _model_labels(ak, node) == {small: "g3"}, what="tiny's label removed")
+                wait_for(lambda: model_labels(ak, node) == {small: "g3"}, what="tiny's label removed")
                 wait_for(lambda: ml.MODEL_UNLABELED in _reasons(ak, node), what="a ModelUnlabeled event")
 
                 ak.merge_patch(WARMPROFILES, inst.name, {"spec": {"models": MODELS[1:]}})
-                wait_for(lambda: _model_labels(ak, node) == {}, what="small's label gone with it from the profile")
+                wait_for(lambda: model_labels(ak, node) == {}, what="small's label gone with it from the profile")
 
                 # NoCapacity: one Warning Event per message, however often the node writes it.
                 fail = partial(HeldModel, vt, models.FAILED, reason=models.NO_CAPACITY)
@@ -240,11 +236,11 @@ def test_a_tainted_node_gets_its_model_labels_only_in_the_write_that_lifts_the_t
             _report(kube, node, warm(f"{inst.name}-small", "g1"))
             wait_for(lambda: MODELS_ANNOTATION in c.nodes.store[node].annotations, what="the report in the cache")
             c.modellabels.reconcile(node)
-            assert _model_labels(ak, node) == {} and c.kube.writes[("nodes", "PATCH")] == 0
+            assert model_labels(ak, node) == {} and c.kube.writes[("nodes", "PATCH")] == 0
 
             report_warm(kube.api_client(kube.node_token(node)), node, True, "WeightsVerified", "ok")
             wait_for(lambda: TAINT["key"] not in taint_keys(ak, node), what="taint lifted")
-            assert _model_labels(ak, node) == {small: "g1"}
+            assert model_labels(ak, node) == {small: "g1"}
             c.modellabels.reconcile(node)
             assert c.kube.writes[("nodes", "PATCH")] == 1       # the lift alone: nothing written besides it
             assert c.decisions.count((n.claim, "untaint")) == 1
@@ -264,7 +260,7 @@ def test_a_conflict_on_the_label_patch_is_retried(kube, as_controller):
                 with running(client_for(proxy.endpoint, token)) as c:
                     proxy.conflict_patch(f"/api/v1/nodes/{node}")
                     _report(kube, node, warm(f"{inst.name}-small", "g1"))
-                    wait_for(lambda: _model_labels(ak, node) == {f"{MODEL_LABEL_PREFIX}{inst.name}-small": "g1"},
+                    wait_for(lambda: model_labels(ak, node) == {f"{MODEL_LABEL_PREFIX}{inst.name}-small": "g1"},
                              what="labelled after a 409")
                     assert proxy.injected == [("conflict", f"/api/v1/nodes/{node}")]
                     assert c.metrics.conflicts.labels("nodes")._value.get() == 1
