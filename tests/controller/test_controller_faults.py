@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,12 +17,13 @@ from kubernetes.client.exceptions import ApiException
 
 from nodewarm.bootstrap.nodestatus import report_warm
 from nodewarm.controller.kube import LEASES, NODES, Resource
+from nodewarm.controller.manager import Controller
 from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm.api.timeutil import parse_time
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 from support.controller_fixtures import (
-    TAINT, client_for, events_for, installed, running, taint_keys, uniq, wait_for,
+    TAINT, client_for, events_for, installed, options, running, taint_keys, uniq, wait_for,
 )
 from support.kubefaults import KubeFaults
 from support import paths
@@ -230,6 +232,41 @@ def test_a_stalled_leader_stops_acting_before_the_standby_takes_over_after_expir
             assert not one._acting() and not one.is_leader.is_set()
             assert (n.claim, "untaint") in two.decisions and n.claim not in {c for c, _ in one.decisions}
             proxy.stall(False)
+
+
+class _HeldAt:
+    """A controller's logger that holds the thread logging ``event`` until ``release`` is set (at most 3 s): the
+    moment between two of that thread's steps, made long."""
+
+    def __init__(self, log, event: str):
+        self.log, self.event = log, event
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def info(self, event, **kw):
+        if event == self.event:
+            self.entered.set()
+            self.release.wait(3)
+        return self.log.info(event, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.log, name)
+
+
+def test_stop_returns_only_after_the_thread_that_starts_leader_election(kube, admin, k):
+    """The starter thread (caches synced -> start the elector) may be between its two steps when stop() comes: stop()
+    waits for it, so nothing of a stopped replica runs on (before, it logged after its test had ended: CI's
+    "--- Logging error ---" lines) and it starts no elector after stop."""
+    ns = _new_namespace(k)
+    c = Controller(admin, options(identity="stopping", leader_elect=True, lease_namespace=ns))
+    c.log = held = _HeldAt(c.log, "caches.synced")
+    before = set(threading.enumerate())
+    c.start()
+    assert held.entered.wait(20), "the caches did not sync"
+    c.stop()
+    left = [t.name for t in set(threading.enumerate()) - before if t.name in ("starter", "leader-election")]
+    held.release.set()
+    assert not left, f"still running after stop() returned: {left}"
+    assert not c.is_leader.is_set()
 
 
 def test_dry_run_never_takes_the_lease(kube, admin, k):

@@ -66,6 +66,7 @@ class Controller:
         self.pairs = ProviderIndex()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._starter: threading.Thread | None = None
         self._http: list[HttpEndpoints] = []
         self.is_leader = threading.Event()
         # (claim, action) in order, the latest few thousand: what tests and the demo read.
@@ -290,8 +291,8 @@ class Controller:
             t = threading.Thread(target=self._worker, name=f"worker-{i}", daemon=True)
             t.start()
             self._threads.append(t)
-        t = threading.Thread(target=self._run_after_sync, name="starter", daemon=True)
-        t.start()
+        self._starter = threading.Thread(target=self._run_after_sync, name="starter", daemon=True)
+        self._starter.start()
         return self
 
     def _run_after_sync(self) -> None:
@@ -319,6 +320,10 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        # The starter first: it may be between "caches synced" and starting the elector (or, without one, acting as
+        # leader). Nothing of a stopped replica may run on after this returns. It sees the stop within a second.
+        if self._starter is not None:
+            self._starter.join(5)
         if self.elector is not None:
             self.elector.stop()           # steps down: workers stop acting now
         self.queue.shutdown()
