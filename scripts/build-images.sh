@@ -221,11 +221,12 @@ debian_base() {   # REF PACKAGES(comma-separated)
 # raise RLIMIT_NOFILE/NPROC to podman's rootful default of 1048576 ("setrlimit ... Operation not permitted").
 # Where the defaults fail and /etc/containers/containers.conf is absent, write one: runc, and the limits this
 # process may set (open files: its hard limit; processes: at most 32768, the most conmon keeps).
-runs() { podman run --rm --network none "$1" true >/dev/null 2>&1; }
+# --entrypoint=: a base with one (upstream's vLLM image: `vllm serve`) would take `true` for its argument.
+runs() { podman run --rm --network none --entrypoint= "$1" true >/dev/null 2>&1; }
 ensure_runtime() {   # an image to try it with
   runs "$1" && return 0
   [[ ! -e /etc/containers/containers.conf ]] \
-    || die "podman cannot run a container with /etc/containers/containers.conf as it is: $(podman run --rm --network none "$1" true 2>&1 | tail -1)"
+    || die "podman cannot run a container with /etc/containers/containers.conf as it is: $(podman run --rm --network none --entrypoint= "$1" true 2>&1 | tail -1)"
   local nofile nproc runtime
   nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
   [[ $nofile == unlimited ]] && nofile=1048576
@@ -236,7 +237,7 @@ ensure_runtime() {   # an image to try it with
   mkdir -p /etc/containers
   printf '# Written by nodewarm scripts/build-images.sh: the defaults did not run a container on this machine.\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n\n[engine]\nruntime = "%s"\n' \
     "$nofile" "$nofile" "$nproc" "$nproc" "$runtime" > /etc/containers/containers.conf
-  runs "$1" || die "podman still cannot run a container: $(podman run --rm --network none "$1" true 2>&1 | tail -1)"
+  runs "$1" || die "podman still cannot run a container: $(podman run --rm --network none --entrypoint= "$1" true 2>&1 | tail -1)"
 }
 
 external_base() {   # an image named on the command line: pulled once
@@ -284,6 +285,7 @@ fi
 if [[ $want_serving == true ]]; then
   if [[ -n $serving_base ]]; then
     external_base "$serving_base"
+    ensure_runtime "$serving_base"
   else
     # This machine's CPU vLLM: the serving environment's own packages, one wheel each, so the image's engine is the
     # one the serving tests boot from .venv-serving (the compile-cache key's torch, Triton and vLLM builds).
