@@ -14,7 +14,7 @@
 #   - the serving base, unless --serving-base names one (upstream: docker.io/vllm/vllm-openai:vX), is this
 #     machine's CPU vLLM: localhost/nodewarm-vllm-cpu (deploy/images/vllm-cpu) on a Debian bookworm made the same
 #     way (+ python3-dev, g++, libnuma1), with the serving environment's wheels (.venv-serving, made by
-#     scripts/setup-serving.sh) downloaded once; ~6 min the first time
+#     scripts/setup-serving.sh) downloaded once; ~3.5 min the first time
 #   - missing Debian packages (buildah, podman, mmdebstrap, docker-registry, skopeo, crun, runc, uidmap) are
 #     installed with apt-get, as scripts/setup.sh does
 #

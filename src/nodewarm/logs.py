@@ -30,13 +30,26 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str, sort_keys=False)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, as logging's own last-resort handler does. A
+    process may swap its stderr after setup (a test runner capturing each test's output, an embedding program): a
+    handler holding the first one would write to a closed stream ("--- Logging error ---")."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)     # StreamHandler's would store a stream: this one has none of its own
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
 def setup(level: str = "INFO", stream=None) -> None:
     """Configure the root 'nodewarm' logger once (idempotent)."""
     global _CONFIGURED
     root = logging.getLogger("nodewarm")
     root.setLevel(level.upper())
     if not _CONFIGURED:
-        handler = logging.StreamHandler(stream or sys.stderr)
+        handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
         handler.setFormatter(_JsonFormatter())
         root.addHandler(handler)
         root.propagate = False

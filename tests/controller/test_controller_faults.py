@@ -254,8 +254,8 @@ class _HeldAt:
 
 def test_stop_returns_only_after_the_thread_that_starts_leader_election(kube, admin, k):
     """The starter thread (caches synced -> start the elector) may be between its two steps when stop() comes: stop()
-    waits for it, so nothing of a stopped replica runs on (before, it logged after its test had ended: CI's
-    "--- Logging error ---" lines) and it starts no elector after stop."""
+    waits for it, so nothing of a stopped replica runs on: no log line, no elector started, no leadership taken
+    without one, after stop() returned."""
     ns = _new_namespace(k)
     c = Controller(admin, options(identity="stopping", leader_elect=True, lease_namespace=ns))
     c.log = held = _HeldAt(c.log, "caches.synced")
