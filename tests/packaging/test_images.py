@@ -20,7 +20,6 @@ import re
 import shutil
 import tempfile
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,7 @@ from nodewarm.userdata.daemonset import manifests as daemonset_manifests
 from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm_dev.testenv import registry as registry_server
 from support import images
-from support.paths import REPO
+from support.paths import REPO, package_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.realnode]
 
@@ -196,11 +195,6 @@ print(json.dumps({"top": sorted(os.listdir(site)), "nodewarm": files,
 """
 
 
-def _tree(package_dir: Path) -> set[str]:
-    return {p.relative_to(package_dir.parent).as_posix() for p in package_dir.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-
-
 def test_nothing_of_dev_or_tests_is_inside(image):
     found = json.loads(images.ok_in_image(image, "python3", "-c", CONTENTS))
     banned = {"nodewarm_dev", "tests", "support", "bench", "demo", "testenv", "conftest.py"}
@@ -208,9 +202,9 @@ def test_nothing_of_dev_or_tests_is_inside(image):
     assert not [d for d in found["dists"] if d.lower().replace("_", "-") == "nodewarm-dev"], found["dists"]
     assert found["plugins"] == [], f"nodewarm.commands plugins in the image: {found['plugins']}"
     # The installed package is src/nodewarm, all of it and nothing else.
-    assert set(found["nodewarm"]) == _tree(REPO / "src" / "nodewarm"), (
-        f"only in the image: {sorted(set(found['nodewarm']) - _tree(REPO / 'src' / 'nodewarm'))}; "
-        f"only in src/: {sorted(_tree(REPO / 'src' / 'nodewarm') - set(found['nodewarm']))}")
+    assert set(found["nodewarm"]) == package_files(REPO / "src" / "nodewarm"), (
+        f"only in the image: {sorted(set(found['nodewarm']) - package_files(REPO / 'src' / 'nodewarm'))}; "
+        f"only in src/: {sorted(package_files(REPO / 'src' / 'nodewarm') - set(found['nodewarm']))}")
 
 
 # --- users -----------------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from nodewarm.nodeclasses.prepull import NOOP
 from nodewarm_dev.testenv import podrun
 from support import images
 from support.builders import v
-from support.paths import REPO
+from support.paths import REPO, package_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.realnode]
 
@@ -105,9 +105,7 @@ def test_nothing_of_dev_or_tests_is_inside(image):
               "if '__pycache__' not in r for f in fs)}))")
     found = json.loads(images.ok_in_image(image, "python3", "-c", script))
     assert not found["dev"], "nodewarm_dev is importable in the serving image"
-    src = {p.relative_to(REPO / "src").as_posix() for p in (REPO / "src" / "nodewarm").rglob("*")
-           if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
-    assert set(found["files"]) == src
+    assert set(found["files"]) == package_files(REPO / "src" / "nodewarm")
 
 
 def test_the_examples_name_the_images_this_build_makes(image):

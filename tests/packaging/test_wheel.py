@@ -21,18 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import REPO
+from support.paths import REPO, package_files
 
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
-
-
-def _tree(package_dir: Path) -> set[str]:
-    """The files a package folder holds, as wheel paths (package/...), build leftovers aside."""
-    return {
-        path.relative_to(package_dir.parent).as_posix()
-        for path in package_dir.rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
-    }
 
 
 def _build(project: Path, out: Path) -> zipfile.ZipFile:
@@ -90,12 +81,12 @@ def dev(tmp_path_factory) -> zipfile.ZipFile:
 
 
 def test_every_module_and_data_file_under_src_ships(product):
-    missing = _tree(REPO / "src" / "nodewarm") - _payload(product)
+    missing = package_files(REPO / "src" / "nodewarm") - _payload(product)
     assert not missing, f"in src/nodewarm, not in the wheel: {sorted(missing)}"
 
 
 def test_the_wheel_holds_nodewarm_and_nothing_else(product):
-    extra = _payload(product) - _tree(REPO / "src" / "nodewarm")
+    extra = _payload(product) - package_files(REPO / "src" / "nodewarm")
     assert not extra, f"in the wheel, not in src/nodewarm: {sorted(extra)}"
     tops = {n.split("/")[0] for n in _payload(product)}
     assert tops == {"nodewarm"}, f"top-level names in the wheel: {sorted(tops)}"
@@ -148,7 +139,7 @@ def test_a_new_folder_ships_without_editing_anything(tmp_path):
 
 
 def test_the_dev_wheel_holds_nodewarm_dev_only(dev):
-    tree = _tree(REPO / "dev" / "src" / "nodewarm_dev")
+    tree = package_files(REPO / "dev" / "src" / "nodewarm_dev")
     assert _payload(dev) == tree, f"missing {sorted(tree - _payload(dev))}, extra {sorted(_payload(dev) - tree)}"
     assert {n.split("/")[0] for n in _payload(dev)} == {"nodewarm_dev"}
     assert {"nodewarm_dev/testenv/build-kube.sh", "nodewarm_dev/demo/cli.py"} <= _payload(dev)

@@ -13,15 +13,13 @@ from nodewarm.api.agentpod import NAME as AGENT
 from nodewarm.api.names import WARM_CONDITION
 from nodewarm.controller.kube import PODS, Kube
 from nodewarm.kubeapply import apply
+from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv import realnode
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 S3_SERVICE = "10.0.0.10:80"             # an S3 Service's ClusterIP and port, in the API server's Service range
-# The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so the node
-# holds a pause image under that name, as an EKS AMI holds its own pause image before any pod runs.
-UPSTREAM_PAUSE = "registry.k8s.io/pause:3.9"
 # Kinds v1.20's API server does not serve: policy/v1 is 1.21's, the admission policy 1.30's
 # (tests/nodeclasses/test_admission_policy.py checks that one).
 NOT_SERVED = frozenset({"PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
@@ -68,7 +66,9 @@ def joined(cluster, registry_host: str, s3, tmp_path: Path, doc: dict, node_name
                           services={kubeenv.KUBERNETES_SERVICE: cluster.server.removeprefix("https://"),
                                     S3_SERVICE: s3.endpoint.removeprefix("http://")})
     try:
-        node.ctr("images", "tag", realnode.PAUSE_IMAGE, UPSTREAM_PAUSE)
+        # The prepull DaemonSet's main container: no registry is reachable here, so the node holds a pause image
+        # under that name, as an EKS AMI holds its own pause image before any pod runs.
+        node.ctr("images", "tag", realnode.PAUSE_IMAGE, prepull.PAUSE_IMAGE)
         node.advertise({"nvidia.com/gpu": claim["metadata"]["labels"]["karpenter.k8s.aws/instance-gpu-count"]})
         sim.mark_registered(claim["metadata"]["name"])
         yield node
