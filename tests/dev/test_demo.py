@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from nodewarm.api.agentpod import NAME as AGENT
 from nodewarm_dev.demo.run import DemoOptions, execute
 
 
@@ -77,9 +78,18 @@ def test_demo_with_real_vllm_serves_tokens_from_the_warm_node_and_the_baseline_s
     compiled graphs; the baseline's pod streams the model from S3 and compiles cold. vLLM's log and the publisher
     sidecar's verdict say so, not the timings."""
     out = io.StringIO()
-    result = execute(DemoOptions(nodes=1, engine="vllm", workdir=tmp_path / "work", out_dir=tmp_path / "out"), out)
+    result = execute(DemoOptions(nodes=1, engine="vllm", workdir=tmp_path / "work", out_dir=tmp_path / "out",
+                                 real_nodes=True), out)
     text = out.getvalue()
     (tl,) = result.timelines
+    # Real nodes (the default where the machine can; required here): the kubelets ran the pods from the serving
+    # image, which the warm node's kubelet had pre-pulled and the baseline's pulled when its pod landed.
+    assert result.summary["real_nodes"]
+    # The agent was the rendered DaemonSet's pod on the node (Auto Mode), not a process of this machine.
+    assert tl.facts["agent_pod"].startswith(f"{AGENT}-"), tl.facts
+    warm_pulls, base_pulls = tl.facts["image_pulled"], result.summary["baseline"]["runs"][0]["image_pulled"]
+    assert warm_pulls and all("already present on machine" in m for m in warm_pulls.values()), warm_pulls
+    assert any("Successfully pulled" in m for m in base_pulls.values()), base_pulls
     t, f = tl.times, tl.facts
     assert t["taint_lifted"] <= t["pod_bound"] <= t["engine_ready"] <= t["first_completion"], t
     assert tl.order_violations() == [] and result.summary["totals"]["all_bound"]

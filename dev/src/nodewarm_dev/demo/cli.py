@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         nodes=nodes, model_mb=args.model_mb or 1024, engine=args.engine, workdir=Path(args.workdir) if args.workdir else None,
         out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,
         log_file=Path(args.log_file) if args.log_file else None, scheduler_max_backoff_s=args.scheduler_max_backoff,
-        s3_engine=args.s3,
+        s3_engine=args.s3, real_nodes={"auto": None, "real": True, "played": False}[args.nodes_as],
     )
     if args.models == 2:
         from .models import run_models_demo
@@ -84,6 +84,11 @@ def register(sub) -> None:
                    help="models per node (default 1: the demo above; 2: a second model warmed in the background, "
                         "served beside the first, then rolled: see HELP)")
     d.add_argument("--nodes", type=int, help="nodes in the simulated scale-up (default 1 with vllm, 3 with probe)")
+    d.add_argument("--nodes-as", choices=["auto", "real", "played"], default="auto",
+                   help="with vllm, what a node is (default auto: real where this machine can run kubelets and "
+                        "containerd, as root, else played, with a line saying why; real: fail rather than play; "
+                        "played: containers as local processes from .venv-serving). --models 2 and the probe engine "
+                        "always play their nodes")
     d.add_argument("--model-mb", type=int, help="--engine probe: size of the model-like safetensors set (default 1024)")
     d.add_argument("--out", default="out/demo", help="where timeline.json and timeline.png go (default out/demo)")
     d.add_argument("--workdir", help="scratch folder for servers and node disks (default: a temp dir)")

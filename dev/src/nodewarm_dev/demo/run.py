@@ -1,4 +1,6 @@
-"""The demo, step by step. Every part is the real one; only the machines are simulated:
+"""The demo, step by step. Every part is the real one. With vLLM the machines are real nodes where this machine can
+run them (``use_real_nodes``; realnodes.py says what changes: kubelets with containerd, the agent the rendered
+DaemonSet's pod on Auto Mode, the pods from nodewarm's images). Otherwise, and below, they are simulated:
 
 (Over 300 lines: this is the demo's one scenario in the order it runs (seed, bootstrap the nodes, measure the
 baseline, serve); each step hands the next the servers, the profile and the node roots, and the timeline's numbers
@@ -56,7 +58,7 @@ from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
 
 from . import engine as vllm_engine
-from . import live, seed, servers, timeline
+from . import live, realnodes, seed, servers, timeline
 from .timeline import DemoPhase, NodeTimeline
 
 log = logs.get("demo")
@@ -74,6 +76,7 @@ NODE_A = "demo-node-a"             # the first node ever to serve: it compiles a
 # The local v1.20 API server serves no policy/v1 (1.21+) and no ValidatingAdmissionPolicy (1.30+).
 NOT_SERVED_HERE = ("PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 LOG_FILE = "demo-log.jsonl"
+REAL_NODE_RESOURCES = {"cpu": "1", "memory": "6Gi"}
 BOOTSTRAP_TIMEOUT_S = 900
 
 
@@ -91,6 +94,9 @@ class DemoOptions:
     scheduler_max_backoff_s: int = 1  # podMaxBackoffSeconds of the one kube-scheduler both worlds share (cli.py)
     s3_engine: str = "seaweedfs"      # or "rclone": files laid on disk, single-part MD5 ETags (cli.py)
     engine: str = "vllm"              # or "probe": a torch.compile call instead of vLLM (cli.py)
+    # vLLM on real nodes (realnodes.py): None = where this machine can (else played, saying why), True = required,
+    # False = played (podrun). The probe engine's nodes are always played.
+    real_nodes: bool | None = None
 
     @property
     def log_path(self) -> Path:
@@ -174,14 +180,16 @@ def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dic
 
 
 def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "probe",
-                 port: int = 8000) -> WarmProfile:
-    return checked_profile(demo_profile_doc(size_gb, verify_key, nodes, engine, port))
+                 port: int = 8000, images: tuple[str, str] | None = None) -> WarmProfile:
+    return checked_profile(demo_profile_doc(size_gb, verify_key, nodes, engine, port, images))
 
 
-def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = "probe", port: int = 8000) -> dict:
+def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = "probe", port: int = 8000,
+                     images: tuple[str, str] | None = None) -> dict:
     """The demo's WarmProfile document (models.py adds spec.models to it). With vLLM: a publisher sidecar (the seed
     bundle's producer and the hit proof) and Pod Identity, so the start script may stream from S3 on a cold node
-    (its cold path, which the baseline takes)."""
+    (its cold path, which the baseline takes). ``images`` (nodewarm's, the serving one): real nodes, on Auto Mode,
+    so that every part nodewarm ships runs as a pod there, the agent as the rendered DaemonSet's."""
     doc = {
         "apiVersion": "nodewarm.io/v1alpha1", "kind": "WarmProfile", "metadata": {"name": PROFILE_NAME},
         "spec": {
@@ -208,6 +216,16 @@ def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = 
                                              "quietSeconds": 5}
         spec["aws"] = {"identity": "podIdentity", "clusterName": "demo",
                        "publisherRoleArn": "arn:aws:iam::111122223333:role/nodewarm-publisher-demo"}
+        if images:
+            agent_image, serving_image = images
+            # Real nodes: the images built from this checkout, and requests this 2-core machine's kubelet can
+            # admit (a g6e.xlarge's would not fit). The node's "NVMe" is a folder: no instance store to prove.
+            spec["nodes"]["mode"] = "automode"
+            del spec["nodes"]["amiAlias"]            # Auto Mode picks the AMI itself
+            spec["bootstrap"].update(image=agent_image, allowNonNvme=True)
+            spec["aws"]["agentRoleArn"] = "arn:aws:iam::111122223333:role/nodewarm-agent-demo"
+            spec["serving"].update(image=serving_image, resources=REAL_NODE_RESOURCES)
+            spec["compileCache"]["publisher"]["image"] = serving_image
     return doc
 
 
@@ -277,14 +295,15 @@ class BaselineBinds:
 
 
 def baseline_scheduling(admin, sim, p: WarmProfile, nodepool: dict, nodes: int, timeout_s: float,
-                        engine: str = "probe") -> BaselineBinds:
+                        engine: str = "probe", join: Callable[[dict, str], float] | None = None,
+                        objects: list[dict] | None = None) -> BaselineBinds:
     """Registration to pod bound without nodewarm: the Deployment waits pending (the scheduler has tried it,
     as it tried the vLLM pods before the scale-up), then the nodes are launched and registered exactly as
     nodewarm's were and the real kube-scheduler binds."""
     from kubernetes import client
 
     core = client.CoreV1Api(admin)
-    apply(admin, baseline_objects(p, nodepool, engine))
+    apply(admin, objects or baseline_objects(p, nodepool, engine))
     sel = f"app.kubernetes.io/instance={BASELINE_POOL}"
 
     def pods():
@@ -298,12 +317,13 @@ def baseline_scheduling(admin, sim, p: WarmProfile, nodepool: dict, nodes: int, 
         time.sleep(0.2)
     registered = {}
     claims = []
-    for i in range(nodes):
+    launched = {}
+    for n in baseline_names(nodes):
         c = sim.create_nodeclaim(BASELINE_POOL)["metadata"]["name"]
-        sim.launch(c)
-        claims.append((c, f"{BASELINE_POOL}-node-{i}"))
+        launched[c] = sim.launch(c)
+        claims.append((c, n))
     for c, n in claims:
-        registered[n] = register(sim, c, n)
+        registered[n] = join(launched[c], n) if join else register(sim, c, n)
     bound: dict[str, float] = {}
     bound_pods: dict[str, dict] = {}
     while time.time() < end and len(bound) < nodes:
@@ -460,6 +480,207 @@ def baseline_pull_s(srv: servers.Servers, work: Path, pods: int) -> float:
         return max(pool.map(pull, range(pods)))
 
 
+# -- real nodes (realnodes.py): the same steps, the kubelet running the pods --------------------------------------
+def real_register(rn: realnodes.RealNodes, sim, claim: dict, node: str, host_dirs: dict[str, Path]) -> float:
+    """A launched NodeClaim's node as a real kubelet, then Karpenter's registration. Returns when registered."""
+    for d in host_dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    rn.join(node, claim=claim, host_dirs=host_dirs)
+    sim.mark_registered(claim["metadata"]["name"])
+    return time.time()
+
+
+def nodeclass_words(p: WarmProfile) -> str:
+    if p.nodes.mode == "automode":
+        return "NodeClass (Auto Mode: ephemeral storage on the NVMe; the agent a DaemonSet)"
+    return "EC2NodeClass (RAID0 + bootstrap user data)"
+
+
+def agent_daemonset_env(rendered: list[dict], s3_env: dict[str, str]) -> None:
+    """What the Pod Identity agent and the S3 Service give the agent's pod on a real node, as for the demo's other
+    pods (realnodes.runtime_env), added to the rendered agent DaemonSet."""
+    from nodewarm.api.agentpod import NAME as AGENT
+
+    ds = next(d for d in rendered if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(AGENT))
+    tmpl = ds["spec"]["template"]
+    tmpl["spec"] = realnodes.with_runtime_env(tmpl["spec"], {**s3_env,
+                                                             "AWS_ENDPOINT_URL": f"http://{realnodes.S3_SERVICE}"})
+
+
+def warm_node_real(admin, rn: realnodes.RealNodes, p: WarmProfile, node: str, view: live.LiveView,
+                   log_line: Callable[[str], None] | None = None) -> dict:
+    """The agent DaemonSet's pod on a real node, followed until it reports Warm: its log lines feed the live view and
+    the demo's log, tagged with the node, as ``bootstrap_node``'s do. Returns its report in that one's shape."""
+    from nodewarm.controller.kube import Kube
+
+    def line(doc: dict | None, text: str) -> None:
+        if doc:
+            view.agent_line(node, doc)
+        if log_line:
+            log_line(json.dumps({**doc, "node": node} if doc else {"event": "demo.agent.output", "node": node,
+                                                                      "line": text}, default=str))
+
+    try:
+        r = realnodes.follow_agent(Kube(admin), rn.nodes[node], p.bootstrap.namespace,
+                                   lambda pid: view.agent_started(node, pid or 0), line, BOOTSTRAP_TIMEOUT_S)
+    except Exception as e:
+        view.agent_ended(node, f"agent pod: {e}"[:200])
+        raise
+    view.agent_ended(node)
+    w = r["weights"] or {}
+    return {"timeline": r["timeline"], "compileCache": r["compileCache"], "agent_pod": r["pod"],
+            "weights": {"bytes": w.get("bytes", 0), "downloaded_bytes": w.get("downloaded_bytes", 0),
+                        "throughput_mb_s": w.get("throughput_mb_s", 0.0),
+                        "storage": {"instance_store": (r["storage"] or {}).get("instance_store")}}}
+
+
+def create_signing_secret(admin, private_key: Path) -> None:
+    """The publisher's signing key, as the profile names it (spec.compileCache.publisher.signingKeySecret)."""
+    import base64
+
+    from kubernetes import client
+
+    client.CoreV1Api(admin).create_namespaced_secret(NAMESPACE, {
+        "metadata": {"name": SIGNING_SECRET}, "data": {"signing.pem": base64.b64encode(private_key.read_bytes()).decode()}})
+
+
+def seed_compile_cache_real(srv: servers.Servers, admin, rn: realnodes.RealNodes, p: WarmProfile, work: Path,
+                            pod_env: dict[str, str]) -> vllm_engine.Served:
+    """Node A for real: a node of its own (no NodeClaim, no taint), the agent's pull onto its NVMe folder, then the
+    rendered pod bound to it, which its kubelet runs; the publisher publishes vLLM's cold compile. Node A leaves
+    afterwards."""
+    from nodewarm.controller.kube import PODS, Kube
+
+    root = work / "node-a"
+    node_mount(p, root).mkdir(parents=True, exist_ok=True)
+    rn.join(NODE_A, labels={"node.kubernetes.io/instance-type": p.nodes.instance_types[0]},
+            host_dirs={p.nodes.cache_mount: node_mount(p, root)}, gpus="1")
+    pull_weights(srv, p, root)
+    name = f"{p.name}-vllm-node-a"
+    spec = realnodes.with_runtime_env(vllm.deployment(p)["spec"]["template"]["spec"], pod_env)
+    # Bound by name to a node of no pool: its kubelet would refuse the pool and generation selectors.
+    spec.pop("nodeSelector", None)
+    spec.pop("affinity", None)
+    k = Kube(admin)
+    k.create(PODS, {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": {**spec, "nodeName": NODE_A}},
+             NAMESPACE)
+    try:
+        served = realnodes.serve(k, rn.nodes[NODE_A], NAMESPACE, name, p.serving.port, p.name, with_publisher=True,
+                                 wait_for="published")
+    finally:
+        realnodes.delete_pod(k, NAMESPACE, name)
+        rn.leave(NODE_A)
+    log.info("demo.compile_cache.seeded", node=NODE_A, vllm_compile=served.evidence.verdict(),
+             boot_s=round(served.boot_s, 3), real_node=True)
+    if served.evidence.start_path != "local":
+        raise RuntimeError(f"node A's vLLM did not load the agent's copy (start path {served.evidence.start_path})")
+    return served
+
+
+def serve_warm_nodes_real(admin, rn: realnodes.RealNodes, p: WarmProfile, names: tuple[str, ...],
+                          timelines: dict[str, NodeTimeline], view: live.LiveView) -> dict[str, vllm_engine.Served]:
+    """Each bound replica's pod as its kubelet runs it (they start as soon as they are bound, so on several nodes
+    at once, as on a cluster)."""
+    from nodewarm.controller.kube import Kube
+
+    k = Kube(admin)
+    out = {}
+    for n in sorted((n for n in names if DemoPhase.POD_BOUND in timelines[n].times),
+                    key=lambda n: timelines[n].times[DemoPhase.POD_BOUND]):
+        tl = timelines[n]
+        pod = bound_pod(admin, n)["metadata"]["name"]
+        served = realnodes.serve(k, rn.nodes[n], NAMESPACE, pod, p.serving.port, p.name, with_publisher=True,
+                                 wait_for="verdict")
+        tl.mark(DemoPhase.ENGINE_READY, served.ready)
+        tl.mark(DemoPhase.FIRST_COMPLETION, served.first_completion)
+        outcome = node_cache_outcome(admin, n)
+        ev = served.evidence
+        hit = outcome == "hit" and ev.verdict() not in ("recompiled", "compiled")
+        # The kubelet's word for each of the pod's containers: the image was already there (the pre-pull).
+        pulled = realnodes.pulled_events(k, NAMESPACE, pod)
+        tl.facts.update(engine_boot_s=round(served.boot_s, 3), first_completion_s=round(served.first_completion_s, 3),
+                        engine_waited_s=round(served.started - tl.times[DemoPhase.POD_BOUND], 3),
+                        start_path=ev.start_path, vllm_compile=ev.verdict(), init_engine_s=ev.engine.init_s,
+                        fx_cache_hits=len(ev.engine.fx_hits), fx_cache_misses=len(ev.engine.fx_misses),
+                        publisher_outcome=outcome, publisher_reason=(served.publisher or {}).get("reason"),
+                        compile_cache_hit=hit, peak_rss_mb=round(served.peak_rss_bytes / 1e6),
+                        load_avg=served.load_avg, completion=served.completion, image_pulled=pulled)
+        view.served(n, served.first_completion - tl.times[DemoPhase.POD_BOUND], hit)
+        out[n] = served
+    return out
+
+
+def stop_deployment(admin, deployment: dict, timeout_s: float = 120) -> None:
+    """Scale the served Deployment to nothing and wait until its pods are gone: the baseline's engine gets the
+    cores to itself, as each side's does."""
+    from kubernetes import client
+
+    md = deployment["metadata"]
+    client.AppsV1Api(admin).patch_namespaced_deployment_scale(md["name"], md["namespace"], {"spec": {"replicas": 0}})
+    sel = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    end = time.time() + timeout_s
+    while client.CoreV1Api(admin).list_namespaced_pod(md["namespace"], label_selector=sel).items:
+        if time.time() > end:
+            raise RuntimeError(f"the pods of {md['name']} were still there {timeout_s:.0f}s after scaling it to 0")
+        time.sleep(0.5)
+
+
+def real_baseline_objects(p: WarmProfile, nodepool: dict, pod_env: dict[str, str]) -> list[dict]:
+    """The baseline for real: no publisher sidecar (no nodewarm in that world), the runtime's environment."""
+    pool, d = baseline_objects(p, nodepool, "vllm")
+    spec = d["spec"]["template"]["spec"]
+    spec["containers"] = [c for c in spec["containers"] if c["name"] != vllm_engine.PUBLISHER_CONTAINER]
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "signing-key"]
+    d["spec"]["template"]["spec"] = realnodes.with_runtime_env(spec, pod_env)
+    return [pool, d]
+
+
+def serve_baseline_real(binds: BaselineBinds, admin, rn: realnodes.RealNodes, p: WarmProfile) -> dict:
+    """The baseline's pods as their kubelets run them: no copy on the node, no image either; the start script
+    streams from S3 and vLLM compiles cold."""
+    from nodewarm.controller.kube import Kube
+
+    k = Kube(admin)
+    runs = []
+    for n in sorted(binds.bound, key=binds.bound.get):
+        pod = binds.pods[n]["metadata"]["name"]
+        served = realnodes.serve(k, rn.nodes[n], NAMESPACE, pod, p.serving.port, p.name, with_publisher=False)
+        ev = served.evidence
+        runs.append({"node": n, "scheduler_wait_s": binds.bound[n] - binds.registered[n],
+                     # From the bind to the engine's start: the kubelet pulling the image (no pre-pull here).
+                     "pod_start_s": served.started - binds.bound[n],
+                     "engine_boot_s": served.boot_s, "first_completion_s": served.first_completion_s,
+                     "start_path": ev.start_path, "streamed_from_s3": ev.streamed, "vllm_compile": ev.verdict(),
+                     "init_engine_s": ev.engine.init_s, "fx_cache_misses": len(ev.engine.fx_misses),
+                     "peak_rss_mb": round(served.peak_rss_bytes / 1e6), "load_avg": served.load_avg,
+                     # The kubelet's word for each container: the first (the init container) pulled the image.
+                     "image_pulled": realnodes.pulled_events(k, NAMESPACE, pod)})
+    mean = lambda key: round(sum(r[key] for r in runs) / len(runs), 3)  # noqa: E731
+    return {"pods": len(runs), "scheduler_wait_s": mean("scheduler_wait_s"), "pod_start_s": mean("pod_start_s"),
+            "engine_boot_s": mean("engine_boot_s"), "first_completion_s": mean("first_completion_s"),
+            "registered_to_serving_s": round(mean("scheduler_wait_s") + mean("pod_start_s") + mean("engine_boot_s")
+                                             + mean("first_completion_s"), 3),
+            "runs": [{key: (round(v, 3) if isinstance(v, float) else v) for key, v in r.items()} for r in runs]}
+
+
+def baseline_names(n: int) -> tuple[str, ...]:
+    return tuple(f"{BASELINE_POOL}-node-{i}" for i in range(n))
+
+
+def use_real_nodes(opts: DemoOptions, say: Callable[[str], None]) -> bool:
+    """Whether this run's nodes are real kubelets: where the machine can, unless told; says why not."""
+    if opts.engine != "vllm" or opts.real_nodes is False:
+        return False
+    why = realnodes.unavailable()
+    if why is None:
+        return True
+    if opts.real_nodes:
+        raise RuntimeError(f"--real-nodes: this machine cannot run real nodes: {why}")
+    say(f"Real nodes are not possible here ({why}): the nodes are played, their containers run as local processes "
+        "from .venv-serving (nodewarm_dev.testenv.podrun).")
+    return False
+
+
 # -- the whole run --------------------------------------------------------------------------------------
 def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     """Start the servers, run the scale-up, stop everything (also on Ctrl-C / SIGTERM).
@@ -481,17 +702,27 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
     # The tiny Llama is ~5 MB; the compile caches beside it a few tens of MB per node.
     need_mb = opts.model_mb if opts.engine == "probe" else 64
     storage = node_storage(work, 2 * len(names) * need_mb * 1024 * 1024)
+    real = use_real_nodes(opts, view.say)
     try:
         with logs.to_file(None if opts.log_json else opts.log_path) as log_line:
             files = seed_model(work, opts.model_mb, opts.s3_engine, opts.engine)
-            with servers.running(work, names, scheduler_max_backoff_s=opts.scheduler_max_backoff_s,
-                                 s3_engine=opts.s3_engine) as srv:
+            kubelets = names + ((NODE_A, *baseline_names(len(names))) if real else ())
+            with servers.running(work, kubelets, scheduler_max_backoff_s=opts.scheduler_max_backoff_s,
+                                 s3_engine=opts.s3_engine, real_nodes=real) as srv:
                 # This process plays "node A" (the publisher) and the baseline pods: the nodes' AWS environment.
                 os.environ.update(srv.s3.env())
+                rn = None
                 try:
-                    return _run(srv, opts, names, work, storage, files, view, log_line)
+                    if real:
+                        view.say("0. real nodes: building this checkout's images (cached) and pushing them to a "
+                                 "registry on 127.0.0.1 ...")
+                        rn = realnodes.RealNodes.start(srv.kube, srv.s3.endpoint, work)
+                        view.say(f"   {rn.nodewarm_image}, {rn.serving_image}")
+                    return _run(srv, opts, names, work, storage, files, view, log_line, rn)
                 finally:
                     view.close()
+                    if rn:
+                        rn.stop()
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -671,7 +902,8 @@ def serve_baseline(binds: BaselineBinds, admin, serving: Serving, p: WarmProfile
 
 
 def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, storage: Path,
-         files: list[Path], view: live.LiveView, log_line: Callable[[str], None]) -> DemoResult:
+         files: list[Path], view: live.LiveView, log_line: Callable[[str], None],
+         rn: realnodes.RealNodes | None = None) -> DemoResult:
     from kubernetes import client
 
     from nodewarm import instancetypes
@@ -695,15 +927,25 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     serving = seeded = cold = None
     if real:
         pair = signing.generate(work / "signing.key")
-        p = demo_profile(size_gb, pair.public, opts.nodes, "vllm", free_port())
+        # A real node's pods have a network namespace each: the profile's own port. Played pods share this machine's.
+        p = demo_profile(size_gb, pair.public, opts.nodes, "vllm", 8000 if rn else free_port(),
+                         (rn.nodewarm_image, rn.serving_image) if rn else None)
         rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+        if rn:
+            pod_env = realnodes.runtime_env(srv.s3.env())
+            agent_daemonset_env(rendered, srv.s3.env())
         for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *NOT_SERVED_HERE)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
-        serving = serving_setup(srv, p, rendered, work, pair.private_path)
-        say(f"2. S3 seeded: the tiny Llama ({size_gb * 1e3:.1f} MB, safetensors); WarmProfile, EC2NodeClass, NodePool, "
-            "publisher ServiceAccount and RBAC applied. Node A (the first node to serve) pulls the model, runs the "
-            "rendered vLLM pod (real vLLM, CPU) and its publisher sidecar publishes the compile, signed ...")
-        seeded = seed_compile_cache_vllm(srv, admin, p, serving, work)
+        where = "on a real node (its kubelet and containerd)" if rn else "(real vLLM, CPU)"
+        say(f"2. S3 seeded: the tiny Llama ({size_gb * 1e3:.1f} MB, safetensors); WarmProfile, {nodeclass_words(p)}, "
+            f"NodePool, {'the agent DaemonSet, ' if rn else ''}publisher ServiceAccount and RBAC applied. Node A (the first node to serve) pulls the model, runs the "
+            f"rendered vLLM pod {where} and its publisher sidecar publishes the compile, signed ...")
+        if rn:
+            create_signing_secret(admin, pair.private_path)
+            seeded = seed_compile_cache_real(srv, admin, rn, p, work, pod_env)
+        else:
+            serving = serving_setup(srv, p, rendered, work, pair.private_path)
+            seeded = seed_compile_cache_vllm(srv, admin, p, serving, work)
         say(f"   node A: vLLM ready {seeded.boot_s:.1f}s after start (init engine {seeded.evidence.engine.init_s}s, "
             f"vLLM's log: {seeded.evidence.verdict()}, load average {seeded.load_avg}), first completion {seeded.first_completion_s:.2f}s; publisher: "
             f"{(seeded.published or {}).get('status', 'exists')} {(seeded.published or {}).get('envelope_key')}")
@@ -718,7 +960,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         # The Deployment is applied as its stand-in later.
         for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *NOT_SERVED_HERE)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
-    say("3. WarmProfile, EC2NodeClass (RAID0 + bootstrap user data), NodePool (startup taint) applied")
+    say(f"3. WarmProfile, {nodeclass_words(p)}, NodePool (startup taint) applied")
 
     stop = threading.Event()
     ctl = Controller(admin, ControllerOptions(metrics_port=0, health_port=0, bind_address="127.0.0.1", workers=4))
@@ -728,33 +970,43 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     timelines = view.timelines
     watcher = Watcher(admin, p.readiness.taint_key, timelines)
     watcher.start()
-    apply(admin, [demo_deployment(p, opts.engine)])
+    deployment = demo_deployment(p, opts.engine)
+    if rn:
+        tmpl = deployment["spec"]["template"]
+        tmpl["spec"] = realnodes.with_runtime_env(tmpl["spec"], pod_env)
+    apply(admin, [deployment])
     say(f"4. controller running; vLLM {'Deployment' if real else 'stand-in Deployment'} ({opts.nodes} replicas) "
         "applied: pending, no node yet")
 
     sim = KarpenterSim(admin, default_instance_type="g6e.xlarge")
     roots = {n: storage / n for n in names}
     mounts = {n: node_mount(p, roots[n]) for n in names}
-    claims = {}
+    claims, launched = {}, {}
     for n in names:
         c = sim.create_nodeclaim(p.nodes.node_pool)
         claims[n] = c["metadata"]["name"]
-        sim.launch(claims[n])
+        launched[n] = sim.launch(claims[n])
         timelines[n].mark(DemoPhase.LAUNCHED, time.time())
     for n in names:
-        timelines[n].mark(DemoPhase.REGISTERED, register(sim, claims[n], n))
         mounts[n].mkdir(parents=True, exist_ok=True)
-        # No container runtime here: the serving image's pre-pull pod is "pulled" at once by the stand-in
-        # kubelet; on a real node that pull overlaps the weights and the compile-cache restore.
-        sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
+        if rn:
+            # The kubelet registers with Karpenter's taints; its NVMe mount is this node's folder. It pulls the
+            # serving image for the pre-pull pod itself, while the agent warms.
+            timelines[n].mark(DemoPhase.REGISTERED, real_register(rn, sim, launched[n], n, {p.nodes.cache_mount: mounts[n]}))
+        else:
+            timelines[n].mark(DemoPhase.REGISTERED, register(sim, claims[n], n))
+            # No container runtime: the serving image's pre-pull pod is "pulled" at once by the stand-in kubelet.
+            sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
+    agent = "the agent DaemonSet's pod" if rn else "bootstrap"
     say(f"5. scale-up of {opts.nodes}: NodeClaims launched, Nodes registered with {p.readiness.taint_key}:NoSchedule;"
-        f" bootstrap running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
+        f" {agent} running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
     say("   per node, live (time: seconds since the node registered):")
     view.start()
 
     reports: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        futures = {n: pool.submit(bootstrap_node, srv, p, n, mounts[n], view, log_line) for n in names}
+        futures = {n: (pool.submit(warm_node_real, admin, rn, p, n, view, log_line) if rn else
+                       pool.submit(bootstrap_node, srv, p, n, mounts[n], view, log_line)) for n in names}
         for n, f in futures.items():
             reports[n] = f.result()
             tl, r = timelines[n], reports[n]["timeline"]
@@ -767,6 +1019,11 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             tl.facts.update(bytes=w["bytes"], downloaded_bytes=w["downloaded_bytes"],
                             throughput_mb_s=w["throughput_mb_s"], instance_store=w["storage"].get("instance_store"),
                             compile_cache=(reports[n]["compileCache"] or {}).get("status"))
+            if reports[n].get("agent_pod"):
+                tl.facts["agent_pod"] = reports[n]["agent_pod"]
+    if rn:
+        say("   the agents: " + ", ".join(f"{n} pod {p.bootstrap.namespace}/{timelines[n].facts['agent_pod']}"
+                                          for n in names) + f" (the rendered DaemonSet, image {rn.nodewarm_image})")
 
     deadline = time.time() + opts.bind_timeout_s
     while time.time() < deadline and not all(DemoPhase.POD_BOUND in t.times for t in timelines.values()):
@@ -777,7 +1034,13 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     bound = sum(DemoPhase.POD_BOUND in t.times for t in timelines.values())
     say(f"6. controller lifted the taint on {lifted}/{len(names)} nodes; scheduler bound {bound}/{len(names)} replicas")
 
-    if real:
+    if rn:
+        # Each bound replica's pod as its kubelet runs it: real vLLM from the node's NVMe copy and restored cache.
+        served = serve_warm_nodes_real(admin, rn, p, names, timelines, view)
+        # From the bind: the kubelet's own start of the pod (sandbox, init container) counts, as the baseline's does.
+        warm_calls = {n: s.first_completion - timelines[n].times[DemoPhase.POD_BOUND] for n, s in served.items()}
+        stop_deployment(admin, deployment)      # its cores are the baseline's now
+    elif real:
         # Each bound replica's own pod: real vLLM from the node's NVMe copy and restored cache.
         served = serve_warm_nodes(admin, serving, p, names, roots, work, timelines, view)
         warm_calls = {n: s.boot_s + s.first_completion_s for n, s in served.items()}
@@ -803,14 +1066,28 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     base = None
     if opts.baseline:
         nodepool = next(d for d in rendered if d["kind"] == "NodePool")
-        binds = baseline_scheduling(admin, sim, p, nodepool, len(names), opts.bind_timeout_s, opts.engine)
+        if rn:
+            binds = baseline_scheduling(
+                admin, sim, p, nodepool, len(names), opts.bind_timeout_s, opts.engine,
+                join=lambda claim, n: real_register(rn, sim, claim, n, {p.nodes.cache_mount: storage / "baseline" / n}),
+                objects=real_baseline_objects(p, nodepool, pod_env))
+        else:
+            binds = baseline_scheduling(admin, sim, p, nodepool, len(names), opts.bind_timeout_s, opts.engine)
         sched_s = binds.mean_wait_s
         mean_reg_to_serve = sum(
             (t.times.get(DemoPhase.POD_BOUND, t.times[DemoPhase.REGISTERED]) - t.times[DemoPhase.REGISTERED])
             + warm_calls.get(t.node, 0.0)
             for t in timelines.values()) / len(timelines)
-        if real:
+        if rn:
+            base = serve_baseline_real(binds, admin, rn, p)
+        elif real:
             base = serve_baseline(binds, admin, serving, p, storage, work)
+        else:
+            pull_s = baseline_pull_s(srv, storage, len(names))
+            base = {"pods": len(names), "scheduler_wait_s": round(sched_s, 3), "pull_from_s3_s": round(pull_s, 3),
+                    "cold_compile_first_call_s": cold["first_call_s"],
+                    "registered_to_serving_s": round(sched_s + pull_s + cold["first_call_s"], 3)}
+        if real:
             warm_init = [tl.facts.get("init_engine_s") for tl in timelines.values()]
             cold_init = [r["init_engine_s"] for r in base["runs"]]
             if all(warm_init) and all(cold_init):
@@ -819,11 +1096,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                 base["nodewarm_init_engine_s"] = round(sum(warm_init) / len(warm_init), 3)
                 base["init_engine_s"] = round(sum(cold_init) / len(cold_init), 3)
                 base["init_engine_ratio"] = round(base["nodewarm_init_engine_s"] / base["init_engine_s"], 3)
-        else:
-            pull_s = baseline_pull_s(srv, storage, len(names))
-            base = {"pods": len(names), "scheduler_wait_s": round(sched_s, 3), "pull_from_s3_s": round(pull_s, 3),
-                    "cold_compile_first_call_s": cold["first_call_s"],
-                    "registered_to_serving_s": round(sched_s + pull_s + cold["first_call_s"], 3)}
         base["nodewarm_registered_to_serving_s"] = round(mean_reg_to_serve, 3)
         base["ratio"] = round(base["nodewarm_registered_to_serving_s"] / base["registered_to_serving_s"], 3)
         lifted = [t for t in timelines.values() if DemoPhase.POD_BOUND in t.times and DemoPhase.TAINT_LIFTED in t.times]
@@ -841,6 +1113,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     ctl_thread.join(timeout=30)
     summary = timeline.summary(list(timelines.values()), base)
     summary["engine"] = opts.engine
+    summary["real_nodes"] = rn is not None
     if seeded is not None:
         ev = seeded.evidence
         summary["seed"] = {"node": NODE_A, "engine_boot_s": round(seeded.boot_s, 3), "vllm_compile": ev.verdict(),
@@ -903,9 +1176,17 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     if base and real:
         peak = max([tl.facts.get("peak_rss_mb") or 0 for tl in timelines.values()]
                    + [r["peak_rss_mb"] for r in base["runs"]] + [round(seeded.peak_rss_bytes / 1e6)])
-        say(f"Note: the simulated nodes share this machine's cores (and whatever else runs on it); the vLLM pods run "
-            f"one at a time, each timed from its own start, placed after its bind (a node has its own cores). "
-            f"Largest pod (vLLM + publisher) resident: {peak} MB.")
+        if rn:
+            say(f"Real nodes: each a kubelet v1.20.2 with its own containerd on this machine, the pods from "
+                f"{rn.serving_image}. The kubelet's Pulled Events: with nodewarm "
+                f"{realnodes.pulls_in_words([tl.facts.get('image_pulled') or {} for tl in timelines.values()])}; "
+                f"baseline {realnodes.pulls_in_words([r['image_pulled'] for r in base['runs']])} (its pods waited "
+                f"{base['pod_start_s']:.1f}s from the bind to their first container). The two sides ran one after the "
+                f"other; the nodes share this machine's cores. Largest pod resident: {peak} MB.")
+        else:
+            say(f"Note: the simulated nodes share this machine's cores (and whatever else runs on it); the vLLM pods "
+                f"run one at a time, each timed from its own start, placed after its bind (a node has its own cores). "
+                f"Largest pod (vLLM + publisher) resident: {peak} MB.")
     elif base:
         say(f"Note: the {len(names)} simulated nodes share this machine's cores, so per-node pulls, load checks and "
             "restores contend with each other; the baseline pulls with the same concurrency.")

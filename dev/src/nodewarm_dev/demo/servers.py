@@ -14,6 +14,7 @@ from nodewarm_dev.testenv import s3server
 from nodewarm_dev.testenv.crds import all_crds
 
 log = logs.get("demo.servers")
+REAL_NODE_CONTROLLERS = ("daemonset", "deployment", "replicaset", "serviceaccount", "root-ca-cert-publisher")
 
 
 @dataclass
@@ -26,8 +27,10 @@ class Servers:
 
 @contextlib.contextmanager
 def running(workdir: Path | None, node_names: tuple[str, ...], scheduler_max_backoff_s: int, s3_engine: str,
-            with_scheduler: bool = True):
-    """Start S3 + etcd + kube-apiserver (+ kube-scheduler); yield; stop everything, whatever happens."""
+            with_scheduler: bool = True, real_nodes: bool = False):
+    """Start S3 + etcd + kube-apiserver (+ kube-scheduler); yield; stop everything, whatever happens. For
+    ``real_nodes`` the API server runs in-cluster (ServiceAccount admission: the kubelets project the pods' tokens)
+    and the controller manager also runs the DaemonSet, ServiceAccount and root-CA controllers."""
     work = Path(workdir or tempfile.mkdtemp(prefix="nodewarm-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     # SIGTERM must unwind like Ctrl-C so the finally blocks below stop every child process.
@@ -38,12 +41,13 @@ def running(workdir: Path | None, node_names: tuple[str, ...], scheduler_max_bac
         # run (a short cache makes it re-read whole files under parallel ranged GETs); other engines ignore it.
         s3 = s3server.start(s3_engine, work / "s3", dir_cache_time="24h")
         log.info("demo.s3.started", engine=s3_engine, endpoint=s3.endpoint, data_dir=str(s3.data_dir))
-        kube = kubeenv.start(work / "kube", node_names=node_names)
+        kube = kubeenv.start(work / "kube", node_names=node_names, in_cluster=real_nodes)
         kube.apply_crds(all_crds())
         log.info("demo.kube.started", server=kube.server, kubeconfig=str(kube.write_kubeconfig()))
         sched = False
         if with_scheduler:
-            kubeenv.start_controller_manager(kube)   # Deployments -> ReplicaSets -> Pods
+            # Deployments -> ReplicaSets -> Pods (and, for real nodes, DaemonSet pods and ServiceAccount tokens)
+            kubeenv.start_controller_manager(kube, *(() if not real_nodes else (REAL_NODE_CONTROLLERS,)))
             kubeenv.start_scheduler(kube, scheduler_max_backoff_s)   # Pods -> Nodes
             sched = True
             log.info("demo.scheduler.started", pod_max_backoff_s=scheduler_max_backoff_s)
