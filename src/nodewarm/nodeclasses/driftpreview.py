@@ -16,7 +16,7 @@ How Karpenter decides, and how this follows it (kubernetes-sigs/karpenter
   live object's stamp drifts exactly when the live and the new spec hash differently (``drift.would_drift``).
   One already out of step is drifted now, whatever we write.
 * Requirement drift is dynamic: a NodeClaim whose labels the pool's requirements no longer admit is
-  ``RequirementsDrifted`` (``nodepool.requirements_drifted``).
+  ``RequirementsDrifted`` (``drift.requirements_drifted``).
 * A NodeClaim being deleted is not counted: it is going anyway.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from . import drift, karpenterhash
 from .karpenterhash import EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH, NODEPOOL_HASH_VERSION
 from nodewarm.api.names import NODEPOOL_LABEL
-from .nodepool import requirements_drifted
+from .drift import requirements_drifted
 
 _STAMPS = {"NodePool": (NODEPOOL_HASH, NODEPOOL_HASH_VERSION),
            "EC2NodeClass": (EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION)}
@@ -152,4 +152,18 @@ def preview(after: list[dict], live: list[dict], claims: list[dict]) -> Preview:
 
 def objects_after(live: dict | None, body: dict) -> dict | None:
     """A live object once a server-side apply of ``body`` lands (maps merge; lists, atomic here, are replaced)."""
-    return drift.merged(live, body) if live is not None else None
+    return merged(live, body) if live is not None else None
+
+
+def merged(current: dict, body: dict) -> dict:
+    """``current`` with the fields of a server-side-apply ``body`` laid over it (maps merge, everything else
+    — including lists, which are atomic in these CRDs' schemas for the fields nodewarm owns — is replaced)."""
+    def lay(c, b):
+        if isinstance(c, dict) and isinstance(b, dict):
+            out = dict(c)
+            for k, v in b.items():
+                out[k] = lay(c.get(k), v)
+            return out
+        return b
+
+    return lay(current, body)

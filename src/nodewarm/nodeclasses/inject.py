@@ -18,7 +18,7 @@ from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.profile import check_taint_key
 
 from . import automode, ec2nodeclass, nodepool
-from .drift import ami_family
+from .karpenterhash import HashInputError, ami_family
 from .render import node_user_data
 
 SUPPORTED_FAMILIES = ("AL2023", "Bottlerocket")
@@ -31,7 +31,10 @@ class Refused(NodewarmError):
 
 def live_family(nodeclass: dict) -> str:
     """The AMI family of a live EC2NodeClass decides which user data nodewarm writes (not the profile's alias)."""
-    family = ami_family(nodeclass.get("spec") or {})
+    try:
+        family = ami_family(nodeclass.get("spec") or {})
+    except HashInputError:
+        family = None               # an alias Karpenter itself could not parse
     if family not in SUPPORTED_FAMILIES:
         raise Refused(f"EC2NodeClass {nodeclass['metadata']['name']} uses AMI family {family or '(none)'}; nodewarm "
                       f"supports {' and '.join(SUPPORTED_FAMILIES)} (amiSelectorTerms alias al2023@... or "
