@@ -12,7 +12,8 @@ import yaml
 from nodewarm import instancetypes, profile
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.api.errors import ProfileError
-from nodewarm.nodeclasses import crdvalidate, drift, driftpreview, ec2nodeclass, nodepool
+from nodewarm.karpenter import drift, driftpreview
+from nodewarm.nodeclasses import crdvalidate, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.nodeclasses.render import render
 from support import crds as crdsupport

@@ -4,7 +4,7 @@ Given the profile and the objects as they are in the cluster, return the server-
 only the fields nodewarm owns (field manager ``nodewarm``), or the reason not to touch them. Re-running on
 the result returns the same body: the injector converges once and never flaps, which matters because a
 change to an EC2NodeClass's userData or instanceStorePolicy, or to a NodePool's startupTaints, drifts
-(replaces) every node of it (drift.py).
+(replaces) every node of it (nodewarm/karpenter/drift.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from nodewarm.api.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.api.names import INSTANCE_TYPE_LABEL
 from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.karpenter.apis import ami_family
+from nodewarm.karpenter.gotypes import HashInputError
 from nodewarm.profile import check_taint_key
 
 from . import automode, ec2nodeclass, nodepool
-from .karpenterhash import HashInputError, ami_family
 from .render import node_user_data
 
 SUPPORTED_FAMILIES = ("AL2023", "Bottlerocket")

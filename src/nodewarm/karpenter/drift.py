@@ -1,4 +1,4 @@
-"""Which changes make Karpenter replace nodes: its drift checks, on top of its exact hashes (karpenterhash.py).
+"""Which changes make Karpenter replace nodes: its drift checks, on top of its exact hashes (``drifthash``).
 
 A NodeClaim is drifted, in the order Karpenter checks (kubernetes-sigs/karpenter
 ``pkg/controllers/nodeclaim/disruption/drift.go`` ``isDrifted``, then aws/karpenter-provider-aws
@@ -24,8 +24,8 @@ import hashlib
 import json
 import re
 
-from . import karpenterhash
-from .karpenterhash import DEFAULT_EC2NODECLASS_VERSION
+from . import drifthash
+from .apis import DEFAULT_EC2NODECLASS_VERSION
 
 NODEPOOL_DRIFTED = "NodePoolDrifted"
 REQUIREMENTS_DRIFTED = "RequirementsDrifted"
@@ -38,7 +38,7 @@ def static_hash(obj: dict, ca_bundle: str | None = None, version: str = DEFAULT_
     whole spec."""
     if obj.get("kind") == "NodeClass":
         return hashlib.sha256(json.dumps(obj.get("spec") or {}, sort_keys=True).encode()).hexdigest()[:16]
-    return karpenterhash.stamped_hash(obj, ca_bundle, version).value
+    return drifthash.stamped_hash(obj, ca_bundle, version).value
 
 
 def would_drift(before: dict, after: dict, ca_bundle: str | None = None,
@@ -47,8 +47,8 @@ def would_drift(before: dict, after: dict, ca_bundle: str | None = None,
     of the object drifted. Fields this model does not know count as hashed when they change."""
     if before.get("kind") == "NodeClass" or after.get("kind") == "NodeClass":
         return static_hash(before) != static_hash(after)
-    a = karpenterhash.stamped_hash(before, ca_bundle, version)
-    b = karpenterhash.stamped_hash(after, ca_bundle, version)
+    a = drifthash.stamped_hash(before, ca_bundle, version)
+    b = drifthash.stamped_hash(after, ca_bundle, version)
     if a.value != b.value:
         return True
     if a.unknown_fields or b.unknown_fields:
@@ -70,8 +70,8 @@ def stamp_of(obj: dict, hash_annotation: str, version_annotation: str) -> tuple[
     return ann[hash_annotation], ann[version_annotation]
 
 
-NODEPOOL_STAMP = (karpenterhash.NODEPOOL_HASH, karpenterhash.NODEPOOL_HASH_VERSION)
-EC2NODECLASS_STAMP = (karpenterhash.EC2NODECLASS_HASH, karpenterhash.EC2NODECLASS_HASH_VERSION)
+NODEPOOL_STAMP = (drifthash.NODEPOOL_HASH, drifthash.NODEPOOL_HASH_VERSION)
+EC2NODECLASS_STAMP = (drifthash.EC2NODECLASS_HASH, drifthash.EC2NODECLASS_HASH_VERSION)
 
 
 def _statically_drifted(expected: tuple[str, str] | None, claim: tuple[str, str] | None) -> bool:
