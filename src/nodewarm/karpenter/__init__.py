@@ -1,5 +1,5 @@
 """What nodewarm knows of Karpenter, reproduced from its Go code: its API types, the drift hashes it stamps, the
-CRDs, and when it replaces nodes. Pure: nothing here reads the cluster or knows a WarmProfile.
+CRDs, and when it replaces nodes. Nothing here talks to a cluster or knows a WarmProfile.
 
 - ``gotypes``: the Go type model (scalars, pointers, slices, maps, structs with tags and markers), Go's zero values.
 - ``gojson``: Go's encoding/json: JSON decoded into those types as ``json.Unmarshal`` fills them, and Marshal's text.

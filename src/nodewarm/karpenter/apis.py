@@ -2,8 +2,8 @@
 ``pkg/apis/v1``, karpenter.sh/v1), EC2NodeClass (aws/karpenter-provider-aws ``pkg/apis/v1``, karpenter.k8s.aws/v1),
 and the Kubernetes types their fields use (metav1.Duration, metav1.Time, resource.Quantity, the conditions).
 
-(Over 300 lines: every field of the three kinds, in declaration order, as data; one description serves the drift
-hash and the CRDs, so splitting it would make two places to keep in step with upstream.)
+(Over 300 lines: it is data, a line or two per field of the three kinds and of the types in them, in upstream's
+declaration order, so that it reads side by side with the Go files it copies.)
 
 Each field is written as the Go source declares it (``gotypes.Field``): Go name, JSON name, Go type, ``hash`` tag,
 and its kubebuilder markers (+kubebuilder:validation:Enum, Pattern, MaxItems, Minimum, +kubebuilder:default,
