@@ -5,7 +5,7 @@
 # the dependency floors (scripts/test-floors.sh), so the floors pyproject.toml declares are proven. Arguments go to
 # pytest; with arguments (a developer running part of the suite) the clean-clone check is left out.
 #
-# Karpenter's CRDs: the suite installs and checks against the project's own (nodewarm/nodeclasses/karpentercrds.py)
+# Karpenter's CRDs: the suite installs and checks against the project's own (nodewarm/karpenter/crds.py)
 # unless NODEWARM_CRDS_DIR names a Karpenter release's CRD folder; then it uses those, and the floors pass still
 # runs on the project's own, so one run with NODEWARM_CRDS_DIR covers both (docs/testing.md).
 set -euo pipefail

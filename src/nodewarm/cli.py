@@ -13,7 +13,7 @@ from .api.errors import NodewarmError
 # Order is the order shown in --help.
 TOP_LEVEL = [
     "nodewarm.render_cli",        # render
-    "nodewarm.nodeclasses.drift_cli",  # drift hash
+    "nodewarm.karpenter.drift_cli",  # drift hash
     "nodewarm.bootstrap.cli",     # bootstrap weights | compile-cache | run ; publish
     "nodewarm.bootstrap.enginecheck.cli",  # engine-check (the check pod's command)
     "nodewarm.controller.cli",    # controller

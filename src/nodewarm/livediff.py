@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
-from nodewarm.nodeclasses import driftpreview
+from nodewarm.karpenter import driftpreview
 
 # What --diff reads, and nothing else: a read-only identity needs exactly these rules.
 RBAC_RULES = (

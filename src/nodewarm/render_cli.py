@@ -46,7 +46,7 @@ Drift preview (nothing is applied): --diff reads the live cluster (--kubeconfig,
 every live NodeClaim the apply would drift and why: the hash Karpenter stamped on it against the object's
 once the rendered fields land (NodePoolDrifted, NodeClassDrift), and the pool's requirements against its labels
 (RequirementsDrifted). Karpenter replaces drifted nodes within the pool's disruption budgets. The controller's
-WouldDrift guard gives the same answer (one function, nodeclasses/driftpreview.py).
+WouldDrift guard gives the same answer (one function, karpenter/driftpreview.py).
 
 Other profiles of the cluster (--also FILE, repeatable; checked, not rendered): two profiles may not claim the
 same model (/models/<name>, its Service and Node label; <profile>-<name> for each of spec.models) or the same
@@ -135,9 +135,9 @@ def _refuse(report: dict[str, list[str]], what: str) -> None:
 
 
 def check_karpenter_objects(documents: list[dict]) -> None:
-    """Every rendered Karpenter object against Karpenter's schema as nodewarm knows it (karpentercrds), so a value
+    """Every rendered Karpenter object against Karpenter's schema as nodewarm knows it (karpenter.crds), so a value
     Karpenter's API server would refuse or silently drop never leaves render, even without --crds."""
-    from nodewarm.nodeclasses.karpentercrds import AWS_GROUP, KARPENTER_GROUP
+    from nodewarm.karpenter.crds import AWS_GROUP, KARPENTER_GROUP
 
     karpenter = [d for d in documents if str(d.get("apiVersion", "")).startswith((f"{KARPENTER_GROUP}/",
                                                                                    f"{AWS_GROUP}/"))]

@@ -1,5 +1,5 @@
 """Injection that cannot start a drift storm or fight GitOps (Step 7), on the real API server with the upstream
-Karpenter CRDs. "Would drift" is asserted with the fields Karpenter hashes (nodewarm/nodeclasses/drift.py, which cites
+Karpenter CRDs. "Would drift" is asserted with the fields Karpenter hashes (nodewarm/karpenter/drift.py, which cites
 the upstream Hash() functions), never with a hard-coded answer."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from support.controller_fixtures import (
     TAINT, cleanup_condition, condition, events_for, installed, running, taint_keys, wait_for, wait_reason,
 )
 from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
-from nodewarm.nodeclasses import drift
+from nodewarm.karpenter import drift
 from nodewarm.nodeclasses.render import warmprofile_document
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, Kube
-from nodewarm.nodeclasses import karpenterhash
+from nodewarm.karpenter import drifthash
 from nodewarm_dev.testenv.karpenter import DEFAULT_IMAGE_ID, KarpenterSim
 
 from support.controller_fixtures import installed
@@ -188,9 +188,9 @@ def test_the_stamped_hashes_are_karpenters_exact_values(kube):
         n = sim.scale_up(inst.pool)
         pool, nc = k.get(NODEPOOLS, inst.pool), k.get(EC2NODECLASSES, inst.node_class)
         assert sim.ca_bundle                               # the local API server's CA, base64 as Karpenter has it
-        want = {"karpenter.sh/nodepool-hash": karpenterhash.nodepool_hash(pool).value,
+        want = {"karpenter.sh/nodepool-hash": drifthash.nodepool_hash(pool).value,
                 "karpenter.sh/nodepool-hash-version": "v3",
-                "karpenter.k8s.aws/ec2nodeclass-hash": karpenterhash.ec2nodeclass_hash(nc, sim.ca_bundle, "v5").value,
+                "karpenter.k8s.aws/ec2nodeclass-hash": drifthash.ec2nodeclass_hash(nc, sim.ca_bundle, "v5").value,
                 "karpenter.k8s.aws/ec2nodeclass-hash-version": "v5"}
         claim_ann = k.get(NODECLAIMS, n.claim)["metadata"]["annotations"]
         assert {x: claim_ann[x] for x in want} == want
@@ -214,7 +214,7 @@ def test_a_hash_version_change_restamps_the_nodeclaims_instead_of_drifting_them(
         nc = k.get(EC2NODECLASSES, inst.node_class)
         ann = k.get(NODECLAIMS, n.claim)["metadata"]["annotations"]
         assert ann["karpenter.k8s.aws/ec2nodeclass-hash-version"] == "v6"
-        assert ann["karpenter.k8s.aws/ec2nodeclass-hash"] == karpenterhash.ec2nodeclass_hash(nc, v6.ca_bundle, "v6").value
+        assert ann["karpenter.k8s.aws/ec2nodeclass-hash"] == drifthash.ec2nodeclass_hash(nc, v6.ca_bundle, "v6").value
         # A NodeClaim already Drifted keeps its old hash (it stays drifted) but takes the new version.
         dann = k.get(NODECLAIMS, d.claim)["metadata"]["annotations"]
         assert (dann["karpenter.k8s.aws/ec2nodeclass-hash"], dann["karpenter.k8s.aws/ec2nodeclass-hash-version"]) == (old, "v6")
@@ -226,7 +226,7 @@ def test_a_hash_version_change_restamps_the_nodeclaims_instead_of_drifting_them(
                                                                          "karpenter.sh/nodepool-hash-version": "v2"}}})
         assert v6.drifted(n.claim) is None
         assert k.get(NODECLAIMS, n.claim)["metadata"]["annotations"]["karpenter.sh/nodepool-hash"] == \
-            karpenterhash.nodepool_hash(k.get(NODEPOOLS, inst.pool)).value
+            drifthash.nodepool_hash(k.get(NODEPOOLS, inst.pool)).value
 
 
 @pytest.mark.parametrize("op,value,drifted", [("Gte", "8", False), ("Gte", "9", True), ("Lte", "8", False),

@@ -14,7 +14,8 @@ from nodewarm.api import enginecheck as contract
 from nodewarm.api.errors import ProfileError
 from nodewarm.api.names import CONTROLLER_NAME, GPU_TAINT
 from nodewarm.controller import manifests
-from nodewarm.nodeclasses import enginecheck, karpenterhash, servestart, vllm
+from nodewarm.karpenter import drifthash
+from nodewarm.nodeclasses import enginecheck, servestart, vllm
 from nodewarm.nodeclasses.render import render
 from support.builders import v
 
@@ -154,7 +155,7 @@ def test_toggling_the_check_changes_no_node_object_and_no_drift_hash(mode):
     assert on == off
     for a, b in zip(off, on):
         if a["kind"] in ("NodePool", "EC2NodeClass"):
-            assert karpenterhash.stamped_hash(a).value == karpenterhash.stamped_hash(b).value
+            assert drifthash.stamped_hash(a).value == drifthash.stamped_hash(b).value
 
 
 # --- the profile's checks --------------------------------------------------------------------------------------

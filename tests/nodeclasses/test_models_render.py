@@ -18,7 +18,7 @@ from nodewarm.api.errors import ProfileError
 from nodewarm.api.generation import generation
 from nodewarm.api.names import GENERATION_LABEL, NODEPOOL_LABEL, PROFILE_LABEL
 from nodewarm.api.podlayout import model_dir, model_path
-from nodewarm.nodeclasses import driftpreview, karpenterhash as kh
+from nodewarm.karpenter import apis, driftpreview, drifthash as kh
 from nodewarm.cli import main
 from nodewarm.nodeclasses.render import render
 from nodewarm.render_cli import check_claims, load_checked
@@ -216,7 +216,7 @@ def test_nothing_of_spec_models_reaches_a_node_object(mode):
         assert objs == base, name
         assert kh.nodepool_hash(objs["NodePool"]) == kh.nodepool_hash(base["NodePool"])
         if mode != "automode":
-            for version in kh.EC2NODECLASS_VERSIONS:
+            for version in apis.EC2NODECLASS_VERSIONS:
                 assert kh.ec2nodeclass_hash(objs["EC2NodeClass"], "ca", version) == \
                     kh.ec2nodeclass_hash(base["EC2NodeClass"], "ca", version)
 

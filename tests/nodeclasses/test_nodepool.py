@@ -12,7 +12,8 @@ import yaml
 from nodewarm import instancetypes, profile
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.api.errors import ProfileError
-from nodewarm.nodeclasses import crdvalidate, drift, ec2nodeclass, nodepool
+from nodewarm.karpenter import drift, driftpreview
+from nodewarm.nodeclasses import crdvalidate, ec2nodeclass, nodepool
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.nodeclasses.render import render
 from support import crds as crdsupport
@@ -189,18 +190,18 @@ RESERVED_NODE = {**ON_DEMAND_NODE, "karpenter.sh/capacity-type": "reserved",
 def test_requirement_changes_drift_dynamically_when_live_nodes_no_longer_match():
     """Outside the static hash, but Karpenter's areRequirementsDrifted replaces a NodeClaim whose labels the new
     requirements reject: narrowing capacity types to reserved replaces the running on-demand nodes."""
-    assert not nodepool.requirements_drifted(pool_of(v()), ON_DEMAND_NODE)
+    assert not drift.requirements_drifted(pool_of(v()), ON_DEMAND_NODE)
     both = pool_of(v(spec__nodes__capacityTypes=["reserved", "on-demand"], spec__nodes__capacityReservationIds=RESERVED))
-    assert not nodepool.requirements_drifted(both, ON_DEMAND_NODE)
-    assert not nodepool.requirements_drifted(both, RESERVED_NODE)
+    assert not drift.requirements_drifted(both, ON_DEMAND_NODE)
+    assert not drift.requirements_drifted(both, RESERVED_NODE)
     only = pool_of(v(spec__nodes__capacityTypes=["reserved"], spec__nodes__capacityReservationIds=RESERVED))
-    assert nodepool.requirements_drifted(only, ON_DEMAND_NODE)
-    assert not nodepool.requirements_drifted(only, RESERVED_NODE)
+    assert drift.requirements_drifted(only, ON_DEMAND_NODE)
+    assert not drift.requirements_drifted(only, RESERVED_NODE)
     other = {**RESERVED_NODE, "karpenter.k8s.aws/capacity-reservation-id": "cr-0fff"}
-    assert nodepool.requirements_drifted(only, other)
+    assert drift.requirements_drifted(only, other)
     # A node without the generation label (launched before the pool had the requirement) is drifted too.
-    assert nodepool.requirements_drifted(pool_of(v()), {k: x for k, x in ON_DEMAND_NODE.items()
-                                                        if k != "nodewarm.io/generation"})
+    assert drift.requirements_drifted(pool_of(v()), {k: x for k, x in ON_DEMAND_NODE.items()
+                                                     if k != "nodewarm.io/generation"})
 
 
 def test_reservations_on_the_ec2nodeclass_are_not_hashed_but_dropping_one_replaces_its_nodes():
@@ -347,7 +348,7 @@ class _FakeKube:
     def apply(self, res, body, force=False):
         self.applied.append(body)
         key = (res.kind, body["metadata"]["name"])
-        self.objs[key] = drift.merged(self.objs[key], body)
+        self.objs[key] = driftpreview.merged(self.objs[key], body)
         return self.objs[key]
 
 

@@ -428,8 +428,8 @@ def node_objects(doc) -> list[dict]:
 
 @pytest.mark.parametrize("mode", ["karpenter", "automode"])
 def test_every_serving_field_changed_renders_byte_identical_node_objects(mode, monkeypatch):
-    """Karpenter hashes these objects (nodewarm/nodeclasses/drift.py): a serving change must not replace a node."""
-    from nodewarm.nodeclasses import drift
+    """Karpenter hashes these objects (nodewarm/karpenter/drift.py): a serving change must not replace a node."""
+    from nodewarm.karpenter import drift
 
     base = v(mode)
     changed = v(mode, spec__model__uri="s3://other-models/llama-70b/", spec__model__revision="r2",
@@ -463,7 +463,7 @@ def test_a_different_nodewarm_version_renders_the_same_node_objects(monkeypatch)
 
 def test_node_level_facts_do_change_node_objects():
     """The guard has teeth: what must reach the node does change the hash."""
-    from nodewarm.nodeclasses import drift
+    from nodewarm.karpenter import drift
 
     base = [drift.static_hash(x) for x in node_objects(v())]
     for change in (dict(spec__readiness__taintKey="example.com/warm"), dict(spec__bootstrap__artifactSha256="b" * 64),

@@ -29,16 +29,17 @@ from support.paths import REPO
 SRC = REPO / "src"
 ROOT = "nodewarm"
 
-# The layers, lowest first. A module imports its own layer and those below, never one above. The contract (api)
-# is shared by every part, so it can lean on nothing; the base modules (the user's profile, sizing, the instance
-# table, logging) are what the parts are built from; the parts (the renderer, user data, the node agent)
-# use those; the controller drives the parts; `nodewarm status` and the CLI are the front ends over all of it.
-# An upward import makes a low part carry a high one's imports (the agent's start-up pays for them) and is how
-# circles start. An entry is a module or a package (with everything below it); "nodewarm" alone is the package's
+# The layers, lowest first. A module imports its own layer and those below, never one above. The contract (api) is
+# shared by every part, so it can lean on nothing; the base modules (the user's profile, sizing, the instance table,
+# logging, what nodewarm knows of Karpenter) are what the parts are built from; the parts (the renderer, user data,
+# the node agent) use those; the controller drives the parts; `nodewarm status` and the CLI are the front ends over
+# all of it. An upward import makes a low part carry a high one's imports (the agent's start-up pays for them) and is
+# how circles start. An entry is a module or a package (with everything below it); "nodewarm" alone is the package's
 # own __init__ (its version). A new top-level module or package must be placed here: the test says so.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodewarm", "nodewarm.api"),
-    ("nodewarm.sizing", "nodewarm.instancetypes", "nodewarm.logs", "nodewarm.profile", "nodewarm.kubeapply"),
+    ("nodewarm.sizing", "nodewarm.instancetypes", "nodewarm.logs", "nodewarm.profile", "nodewarm.kubeapply",
+     "nodewarm.karpenter"),
     ("nodewarm.nodeclasses", "nodewarm.userdata", "nodewarm.bootstrap"),
     ("nodewarm.controller",),
     ("nodewarm.status", "nodewarm.cli", "nodewarm.render_cli", "nodewarm.livediff"),

@@ -5,7 +5,7 @@ hostPath of the weights); the node agent computes the same names from the same W
 its Node when it holds that generation. Both sides call these functions, so they cannot disagree.
 
 Nothing here may reach a node object (EC2NodeClass, NodeClass, NodePool): Karpenter hashes those, and a
-serving change would then replace every node (see nodewarm/nodeclasses/drift.py).
+serving change would then replace every node (see nodewarm/karpenter/drift.py).
 """
 
 from __future__ import annotations

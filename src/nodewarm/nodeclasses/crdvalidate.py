@@ -105,8 +105,8 @@ def load_dir(paths: list[Path]) -> dict[tuple[str, str], CrdSchema]:
 
 
 def builtin() -> dict[tuple[str, str], CrdSchema]:
-    """Karpenter's CRDs as nodewarm generates them from Karpenter's Go types (karpentercrds), and WarmProfile's."""
-    from .karpentercrds import crds
+    """Karpenter's CRDs as nodewarm generates them from Karpenter's Go types (karpenter.crds), and WarmProfile's."""
+    from nodewarm.karpenter.crds import crds
 
     return load_docs(crds())
 

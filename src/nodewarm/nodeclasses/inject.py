@@ -4,7 +4,7 @@ Given the profile and the objects as they are in the cluster, return the server-
 only the fields nodewarm owns (field manager ``nodewarm``), or the reason not to touch them. Re-running on
 the result returns the same body: the injector converges once and never flaps, which matters because a
 change to an EC2NodeClass's userData or instanceStorePolicy, or to a NodePool's startupTaints, drifts
-(replaces) every node of it (drift.py).
+(replaces) every node of it (nodewarm/karpenter/drift.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from nodewarm.api.errors import NodewarmError
 from nodewarm.instancetypes import InstanceType
 from nodewarm.api.names import INSTANCE_TYPE_LABEL
 from nodewarm.api.warmprofile import WarmProfile
+from nodewarm.karpenter.apis import ami_family
+from nodewarm.karpenter.gotypes import HashInputError
 from nodewarm.profile import check_taint_key
 
 from . import automode, ec2nodeclass, nodepool
-from .drift import ami_family
 from .render import node_user_data
 
 SUPPORTED_FAMILIES = ("AL2023", "Bottlerocket")
@@ -31,7 +32,10 @@ class Refused(NodewarmError):
 
 def live_family(nodeclass: dict) -> str:
     """The AMI family of a live EC2NodeClass decides which user data nodewarm writes (not the profile's alias)."""
-    family = ami_family(nodeclass.get("spec") or {})
+    try:
+        family = ami_family(nodeclass.get("spec") or {})
+    except HashInputError:
+        family = None               # an alias Karpenter itself could not parse
     if family not in SUPPORTED_FAMILIES:
         raise Refused(f"EC2NodeClass {nodeclass['metadata']['name']} uses AMI family {family or '(none)'}; nodewarm "
                       f"supports {' and '.join(SUPPORTED_FAMILIES)} (amiSelectorTerms alias al2023@... or "

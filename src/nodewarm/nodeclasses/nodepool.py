@@ -6,14 +6,13 @@ Drift (kubernetes-sigs/karpenter ``pkg/apis/v1/nodepool.go`` ``Hash()`` hashes o
 requirement below are outside the static hash, so adding or changing them marks no NodeClaim ``NodePoolDrifted``.
 Requirements have a *dynamic* check instead (``pkg/controllers/nodeclaim/disruption/drift.go``
 ``areRequirementsDrifted``): a live NodeClaim whose labels no longer satisfy the pool's requirements is
-``RequirementsDrifted`` and replaced. ``requirements_drifted`` models it, e.g. narrowing capacityTypes to
+``RequirementsDrifted`` and replaced. ``drift.requirements_drifted`` models it, e.g. narrowing capacityTypes to
 ``reserved`` replaces the running on-demand nodes.
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 from nodewarm.api.warmprofile import DriftPace, WarmProfile, parse_duration_s
 from nodewarm.instancetypes import InstanceType
@@ -26,7 +25,7 @@ from nodewarm.api.names import GENERATION_LABEL, GPU_TAINT, INSTANCE_TYPE_LABEL,
 # NodeClaim takes the pod's value and the node registers with it, under the startup taint until it is warm.
 # Requirements are outside Karpenter's drift hash, and nodewarm's nodes carry the label, so re-rendering never
 # replaces them; but a node launched *before* a user added this requirement lacks the label and is replaced as
-# RequirementsDrifted (requirements_drifted below).
+# RequirementsDrifted (drift.requirements_drifted).
 GENERATION_REQUIREMENT = {"key": GENERATION_LABEL, "operator": "Exists"}
 
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
@@ -115,41 +114,6 @@ def disruption(p: WarmProfile) -> dict:
     d = p.nodes.disruption
     return {"consolidationPolicy": d.consolidation_policy, "consolidateAfter": d.consolidate_after,
             "budgets": [dict(b) for b in (d.budgets or DEFAULT_BUDGETS)] + drift_budgets(d.drift)}
-
-
-_GO_INT = re.compile(r"[+-]?[0-9]+")
-
-
-def _label_matches(req: dict, labels: dict[str, str]) -> bool:
-    """One NodePool requirement against a NodeClaim's labels, as Karpenter's ``Requirements.Compatible`` sees it
-    (``pkg/scheduling/requirements.go``): a key the NodeClaim lacks fails every operator but NotIn/DoesNotExist."""
-    key, op, values = req.get("key"), req.get("operator"), [str(x) for x in req.get("values") or ()]
-    if key not in labels:
-        return op in ("NotIn", "DoesNotExist")
-    value = labels[key]
-    if op == "In":
-        return value in values
-    if op == "NotIn":
-        return value not in values
-    if op == "Exists":
-        return True
-    if op == "DoesNotExist":
-        return False
-    if op in ("Gt", "Lt", "Gte", "Lte"):
-        # Gte/Lte since v1.9.0 (``pkg/scheduling/requirement.go``: Gt N is kept as Gte N+1, Lt N as Lte N-1);
-        # a value that is not an integer (strconv.Atoi) is outside every bound.
-        if not values or not _GO_INT.fullmatch(value) or not _GO_INT.fullmatch(values[0]):
-            return False
-        n, bound = int(value), int(values[0])
-        return {"Gt": n > bound, "Lt": n < bound, "Gte": n >= bound, "Lte": n <= bound}[op]
-    return False
-
-
-def requirements_drifted(pool: dict, nodeclaim_labels: dict[str, str]) -> bool:
-    """Whether a live NodeClaim with these labels is RequirementsDrifted (replaced) under ``pool``'s requirements:
-    the dynamic drift check, which ``drift.would_drift`` (static hash only) does not cover."""
-    reqs = (((pool.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements") or ()
-    return not all(_label_matches(r, nodeclaim_labels) for r in reqs)
 
 
 def render(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:

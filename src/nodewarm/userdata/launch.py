@@ -25,7 +25,7 @@ class BootstrapLaunch:
     """Everything one node needs to start the agent; validated on construction so every renderer can trust it.
 
     Only node-level facts belong here, because the AL2023 launcher is baked into the EC2NodeClass's userData
-    and Karpenter replaces every node of the class when that changes (nodewarm/nodeclasses/drift.py). The agent learns
+    and Karpenter replaces every node of the class when that changes (nodewarm/karpenter/drift.py). The agent learns
     the rest (model, serving image, TP, compile cache, region...) at boot from the WarmProfile named here.
 
     ``artifact_uri``/``artifact_sha256`` come from ``nodewarm package`` (AL2023 user data needs them); the

@@ -33,9 +33,9 @@ Steps, each callable on its own so tests can stop between them:
 Deleting is Karpenter's too: a NodeClaim or Node with the finalizer only gets a deletionTimestamp;
 ``finish_termination`` plays the termination controller (Node gone, then the finalizers released).
 Drift is Karpenter's own: ``sync_hashes`` plays the NodePool and EC2NodeClass hash controllers (the exact
-hashes of nodewarm.nodeclasses.karpenterhash, hash versions v3 and v5/v6, the API server's CA bundle; on a
+hashes of nodewarm.karpenter.drifthash, hash versions v3 and v5/v6, the API server's CA bundle; on a
 hash-version change they re-stamp the NodeClaims that are not Drifted instead of drifting them), ``drifted`` /
-``mark_drifted`` the drift controller (nodewarm.nodeclasses.drift.nodeclaim_drift: NodePoolDrifted,
+``mark_drifted`` the drift controller (nodewarm.karpenter.drift.nodeclaim_drift: NodePoolDrifted,
 RequirementsDrifted, NodeClassDrift, AMIDrift). ``repair`` plays node repair as Karpenter v1.15 makes it: a
 voluntary disruption for reason ``Unhealthy`` within the NodePool's budgets, terminate-first (REPAIR below).
 It acts on a node that never initialized (a warming node, under the startup taint), as repair up to v1.14 does
@@ -55,7 +55,9 @@ from datetime import datetime, timedelta, timezone
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm import instancetypes
-from nodewarm.nodeclasses import drift, karpenterhash
+from nodewarm.karpenter import drift, drifthash
+from nodewarm.karpenter.apis import DEFAULT_EC2NODECLASS_VERSION
+from nodewarm.karpenter.gojson import parse_go_duration
 from nodewarm.api.views import UNREGISTERED_TAINT
 from nodewarm.controller.kube import EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, Kube
 
@@ -66,8 +68,8 @@ EPHEMERAL_TAINT_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unre
                         "node.cloudprovider.kubernetes.io/uninitialized", "karpenter.sh/unregistered")
 EPHEMERAL_TAINT_PREFIX = "readiness.k8s.io/"
 TERMINATION_FINALIZER = "karpenter.sh/termination"
-NODEPOOL_HASH, NODEPOOL_HASH_VERSION = karpenterhash.NODEPOOL_HASH, karpenterhash.NODEPOOL_HASH_VERSION
-NODECLASS_HASH, NODECLASS_HASH_VERSION = karpenterhash.EC2NODECLASS_HASH, karpenterhash.EC2NODECLASS_HASH_VERSION
+NODEPOOL_HASH, NODEPOOL_HASH_VERSION = drifthash.NODEPOOL_HASH, drifthash.NODEPOOL_HASH_VERSION
+NODECLASS_HASH, NODECLASS_HASH_VERSION = drifthash.EC2NODECLASS_HASH, drifthash.EC2NODECLASS_HASH_VERSION
 DEFAULT_IMAGE_ID = "ami-0123456789abcdef0"
 
 
@@ -77,7 +79,7 @@ def _ca_bundle(api_client) -> str:
     if not path:
         return ""
     with open(path, "rb") as f:
-        return karpenterhash.encode_ca_bundle(f.read())
+        return drifthash.encode_ca_bundle(f.read())
 
 
 def _now(ago_s: float = 0.0) -> str:
@@ -149,7 +151,7 @@ def budget_allows(pool: dict, reason: str, num_nodes: int, now: float) -> int:
         if b.get("reasons") is not None and reason not in b["reasons"]:
             continue
         if b.get("schedule"):
-            minutes = karpenterhash.parse_go_duration(b.get("duration") or "0s", "budget.duration") // 60_000_000_000
+            minutes = parse_go_duration(b.get("duration") or "0s", "budget.duration") // 60_000_000_000
             if not any(_cron_matches(b["schedule"], t - timedelta(minutes=m)) for m in range(int(minutes) + 1)):
                 continue
         nodes = str(b.get("nodes", "10%"))
@@ -168,7 +170,7 @@ class SimNode:
 
 class KarpenterSim:
     def __init__(self, api_client, zone: str = "us-west-2a", default_instance_type: str = "p5.48xlarge",
-                 ec2nodeclass_hash_version: str = karpenterhash.DEFAULT_EC2NODECLASS_VERSION,
+                 ec2nodeclass_hash_version: str = DEFAULT_EC2NODECLASS_VERSION,
                  ca_bundle: str | None = None):
         """``ec2nodeclass_hash_version``: v5 plays Karpenter v1.14, v6 its main branch."""
         self.api, self.kube = api_client, Kube(api_client)
@@ -177,11 +179,11 @@ class KarpenterSim:
         self.ca_bundle = _ca_bundle(api_client) if ca_bundle is None else ca_bundle
         self._held: dict[str, str] = {}      # NodeClaim -> the registration hook holding it back
 
-    def nodepool_hash(self, np: dict) -> karpenterhash.StampedHash:
-        return karpenterhash.nodepool_hash(np)
+    def nodepool_hash(self, np: dict) -> drifthash.StampedHash:
+        return drifthash.nodepool_hash(np)
 
-    def nodeclass_hash(self, nc: dict) -> karpenterhash.StampedHash:
-        return karpenterhash.ec2nodeclass_hash(nc, self.ca_bundle, self.nodeclass_version)
+    def nodeclass_hash(self, nc: dict) -> drifthash.StampedHash:
+        return drifthash.ec2nodeclass_hash(nc, self.ca_bundle, self.nodeclass_version)
 
     # 0 -------------------------------------------------------------------------------------------------
     def sync_hashes(self, nodepool: str) -> dict[str, str]:
@@ -204,7 +206,7 @@ class KarpenterSim:
             out.update(self._stamp(EC2NODECLASSES, nc, self.nodeclass_hash(nc), mine))
         return out
 
-    def _stamp(self, res, obj: dict, stamp: karpenterhash.StampedHash, claims: list[dict]) -> dict[str, str]:
+    def _stamp(self, res, obj: dict, stamp: drifthash.StampedHash, claims: list[dict]) -> dict[str, str]:
         values = {stamp.hash_annotation: stamp.value, stamp.version_annotation: stamp.version}
         have = obj["metadata"].get("annotations") or {}
         if have.get(stamp.version_annotation) != stamp.version:

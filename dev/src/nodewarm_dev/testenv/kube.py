@@ -39,7 +39,7 @@ KUBERNETES_SERVICE = "10.0.0.1:443"       # the first address of SERVICE_RANGE: 
 
 def crds_dir() -> Path | None:
     """The folder of a Karpenter release's own CRDs (its pkg/apis/crds) named by $NODEWARM_CRDS_DIR, or None: then
-    the test environment uses the CRDs nodewarm generates from Karpenter's Go types (karpentercrds)."""
+    the test environment uses the CRDs nodewarm generates from Karpenter's Go types (nodewarm.karpenter.crds)."""
     value = os.environ.get(CRDS_ENV)
     return Path(value) if value else None
 
@@ -166,10 +166,10 @@ def upstream_crd_files(directory: Path) -> list[Path]:
 def karpenter_crds() -> list[dict]:
     """Karpenter's three CRDs as the test environment installs and checks against them: a release's own files when
     $NODEWARM_CRDS_DIR names them, else nodewarm's (docs/testing.md, "Karpenter's CRDs in the tests")."""
-    from nodewarm.nodeclasses import karpentercrds
+    from nodewarm.karpenter.crds import crds
 
     d = crds_dir()
-    return load_crd_files(upstream_crd_files(d)) if d else karpentercrds.crds()
+    return load_crd_files(upstream_crd_files(d)) if d else crds()
 
 
 def _openssl(*args: str) -> None:

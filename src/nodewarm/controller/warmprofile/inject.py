@@ -12,7 +12,7 @@ reads the live objects and, in order:
    instance types) — Injected=False with that reason;
 2. compares; nothing differs -> UpToDate, and nothing is sent (a no-op must provably write nothing);
 3. ``spec.injection.mode: verify`` stops here and reports the differences;
-4. counts the NodeClaims the change would drift (``nodeclasses.driftpreview``, the answer `render --diff` gives:
+4. counts the NodeClaims the change would drift (``karpenter.driftpreview``, the answer `render --diff` gives:
    Karpenter's hash stamps and requirement drift, every NodeClaim of the class whatever its pool) and refuses
    with ``WouldDrift`` unless ``spec.injection.onLive: drift``;
 5. applies with server-side apply *without* force: a field another manager owns (Argo CD, Flux) is reported
@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from nodewarm import instancetypes, logs, profile
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.views import Condition
-from nodewarm.nodeclasses import driftpreview
+from nodewarm.karpenter import driftpreview
 from nodewarm.nodeclasses import inject as desired
 from nodewarm.api.warmprofile import WarmProfile
 
@@ -121,7 +121,7 @@ class Injector:
 
     def drift_preview(self, targets: list[tuple[Resource, dict, dict]]) -> driftpreview.Preview:
         """What applying each ``(resource, live object, SSA body)`` would drift: the one answer `render --diff`
-        also gives (nodewarm/nodeclasses/driftpreview.py), from a live read of the NodeClaims."""
+        also gives (nodewarm/karpenter/driftpreview.py), from a live read of the NodeClaims."""
         live, claims = self._live_objects([(res, cur) for res, cur, _ in targets])
         after = [{"kind": res.kind, **driftpreview.objects_after(cur, body)} for res, cur, body in targets]
         return driftpreview.preview(after, live, claims)

@@ -1,4 +1,4 @@
-"""Which changes make Karpenter replace nodes: its drift checks, on top of its exact hashes (karpenterhash.py).
+"""Which changes make Karpenter replace nodes: its drift checks, on top of its exact hashes (``drifthash``).
 
 A NodeClaim is drifted, in the order Karpenter checks (kubernetes-sigs/karpenter
 ``pkg/controllers/nodeclaim/disruption/drift.go`` ``isDrifted``, then aws/karpenter-provider-aws
@@ -8,7 +8,7 @@ A NodeClaim is drifted, in the order Karpenter checks (kubernetes-sigs/karpenter
   at launch, when both carry the same ``-hash-version`` (a version change is never drift: the hash controllers
   re-stamp the NodeClaims instead);
 * ``RequirementsDrifted``: the NodeClaim's labels no longer satisfy the pool's requirements
-  (``nodepool.requirements_drifted``; requirements are outside the hash);
+  (``requirements_drifted``; requirements are outside the hash);
 * ``NodeClassDrift``: the same comparison for ``karpenter.k8s.aws/ec2nodeclass-hash``;
 * ``AMIDrift``: the NodeClaim's ``status.imageID`` is not among the class's resolved ``status.amis`` (every
   release of an ``@latest`` alias replaces every node).
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
-from . import karpenterhash
-from .karpenterhash import DEFAULT_EC2NODECLASS_VERSION, HashInputError
+from . import drifthash
+from .apis import DEFAULT_EC2NODECLASS_VERSION
 
 NODEPOOL_DRIFTED = "NodePoolDrifted"
 REQUIREMENTS_DRIFTED = "RequirementsDrifted"
@@ -32,21 +33,12 @@ NODECLASS_DRIFT = "NodeClassDrift"
 AMI_DRIFT = "AMIDrift"
 
 
-def ami_family(spec: dict) -> str | None:
-    """EC2NodeClass ``AMIFamily()`` (``Custom`` when neither amiFamily nor an alias says), None for an alias
-    Karpenter itself could not parse."""
-    try:
-        return karpenterhash.ami_family(spec)
-    except HashInputError:
-        return None
-
-
 def static_hash(obj: dict, ca_bundle: str | None = None, version: str = DEFAULT_EC2NODECLASS_VERSION) -> str:
     """The value Karpenter stamps for a NodePool or EC2NodeClass; for an Auto Mode NodeClass, a digest of its
     whole spec."""
     if obj.get("kind") == "NodeClass":
         return hashlib.sha256(json.dumps(obj.get("spec") or {}, sort_keys=True).encode()).hexdigest()[:16]
-    return karpenterhash.stamped_hash(obj, ca_bundle, version).value
+    return drifthash.stamped_hash(obj, ca_bundle, version).value
 
 
 def would_drift(before: dict, after: dict, ca_bundle: str | None = None,
@@ -55,8 +47,8 @@ def would_drift(before: dict, after: dict, ca_bundle: str | None = None,
     of the object drifted. Fields this model does not know count as hashed when they change."""
     if before.get("kind") == "NodeClass" or after.get("kind") == "NodeClass":
         return static_hash(before) != static_hash(after)
-    a = karpenterhash.stamped_hash(before, ca_bundle, version)
-    b = karpenterhash.stamped_hash(after, ca_bundle, version)
+    a = drifthash.stamped_hash(before, ca_bundle, version)
+    b = drifthash.stamped_hash(after, ca_bundle, version)
     if a.value != b.value:
         return True
     if a.unknown_fields or b.unknown_fields:
@@ -78,8 +70,8 @@ def stamp_of(obj: dict, hash_annotation: str, version_annotation: str) -> tuple[
     return ann[hash_annotation], ann[version_annotation]
 
 
-NODEPOOL_STAMP = (karpenterhash.NODEPOOL_HASH, karpenterhash.NODEPOOL_HASH_VERSION)
-EC2NODECLASS_STAMP = (karpenterhash.EC2NODECLASS_HASH, karpenterhash.EC2NODECLASS_HASH_VERSION)
+NODEPOOL_STAMP = (drifthash.NODEPOOL_HASH, drifthash.NODEPOOL_HASH_VERSION)
+EC2NODECLASS_STAMP = (drifthash.EC2NODECLASS_HASH, drifthash.EC2NODECLASS_HASH_VERSION)
 
 
 def _statically_drifted(expected: tuple[str, str] | None, claim: tuple[str, str] | None) -> bool:
@@ -90,14 +82,47 @@ def _statically_drifted(expected: tuple[str, str] | None, claim: tuple[str, str]
     return expected[0] != claim[0]
 
 
+_GO_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _label_matches(req: dict, labels: dict[str, str]) -> bool:
+    """One NodePool requirement against a NodeClaim's labels, as Karpenter's ``Requirements.Compatible`` sees it
+    (``pkg/scheduling/requirements.go``): a key the NodeClaim lacks fails every operator but NotIn/DoesNotExist."""
+    key, op, values = req.get("key"), req.get("operator"), [str(x) for x in req.get("values") or ()]
+    if key not in labels:
+        return op in ("NotIn", "DoesNotExist")
+    value = labels[key]
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return True
+    if op == "DoesNotExist":
+        return False
+    if op in ("Gt", "Lt", "Gte", "Lte"):
+        # Gte/Lte since v1.9.0 (``pkg/scheduling/requirement.go``: Gt N is kept as Gte N+1, Lt N as Lte N-1);
+        # a value that is not an integer (strconv.Atoi) is outside every bound.
+        if not values or not _GO_INT.fullmatch(value) or not _GO_INT.fullmatch(values[0]):
+            return False
+        n, bound = int(value), int(values[0])
+        return {"Gt": n > bound, "Lt": n < bound, "Gte": n >= bound, "Lte": n <= bound}[op]
+    return False
+
+
+def requirements_drifted(pool: dict, nodeclaim_labels: dict[str, str]) -> bool:
+    """Whether a live NodeClaim with these labels is RequirementsDrifted (replaced) under ``pool``'s requirements:
+    the dynamic drift check, which ``would_drift`` (static hash only) does not cover."""
+    reqs = (((pool.get("spec") or {}).get("template") or {}).get("spec") or {}).get("requirements") or ()
+    return not all(_label_matches(r, nodeclaim_labels) for r in reqs)
+
+
 def nodeclaim_drift(claim: dict, pool: dict, nodeclass: dict | None = None, *,
                     pool_stamp: tuple[str, str] | None = None, nodeclass_stamp: tuple[str, str] | None = None,
                     ) -> str | None:
     """Karpenter's drift reason for ``claim`` (None: not drifted). ``pool_stamp``/``nodeclass_stamp`` are the
     (hash, version) to compare with; by default the ones annotated on ``pool``/``nodeclass`` by Karpenter's hash
     controllers. Pass the hash of an object you are about to apply to ask what applying it would do."""
-    from .nodepool import requirements_drifted
-
     conds = {c.get("type"): c.get("status") for c in (claim.get("status") or {}).get("conditions") or ()}
     if conds.get("Launched") != "True":
         return None
@@ -115,29 +140,3 @@ def nodeclaim_drift(claim: dict, pool: dict, nodeclass: dict | None = None, *,
     if amis and image and image not in amis:
         return AMI_DRIFT
     return None
-
-
-def merged(current: dict, body: dict) -> dict:
-    """``current`` with the fields of a server-side-apply ``body`` laid over it (maps merge, everything else
-    — including lists, which are atomic in these CRDs' schemas for the fields nodewarm owns — is replaced)."""
-    def lay(c, b):
-        if isinstance(c, dict) and isinstance(b, dict):
-            out = dict(c)
-            for k, v in b.items():
-                out[k] = lay(c.get(k), v)
-            return out
-        return b
-
-    return lay(current, body)
-
-
-def nodepools_using(nodeclass: dict, nodepools: list[dict]) -> list[str]:
-    """Names of the NodePools whose nodeClassRef names this NodeClass (group, kind and name)."""
-    group = nodeclass.get("apiVersion", "").split("/")[0]
-    kind, name = nodeclass.get("kind"), nodeclass["metadata"]["name"]
-    out = []
-    for np in nodepools:
-        ref = ((np.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeClassRef") or {}
-        if ref.get("name") == name and ref.get("kind") == kind and ref.get("group", group) == group:
-            out.append(np["metadata"]["name"])
-    return sorted(out)

@@ -1,4 +1,4 @@
-"""Karpenter's own drift hashes (nodewarm/nodeclasses/karpenterhash.py) against the values upstream pins in its tests.
+"""Karpenter's own drift hashes (nodewarm/karpenter/drifthash.py) against the values upstream pins in its tests.
 
 The EC2NodeClass table is aws/karpenter-provider-aws ``pkg/apis/v1/ec2nodeclass_hash_test.go``: at tag v1.14.1
 (commit bde00654cd316fddb3dccfba3f5ac07039865429, hash version v5) and on main (commit
@@ -18,7 +18,7 @@ import copy
 
 import pytest
 
-from nodewarm.nodeclasses import karpenterhash as kh
+from nodewarm.karpenter import apis, drifthash as kh, gotypes, hashstructure
 
 CA = "test-ca-bundle"           # testCABundle in the upstream test
 
@@ -134,7 +134,7 @@ def test_volume_size_hashes_as_its_quantity_string(version, value):
         nc["spec"]["blockDeviceMappings"][0]["ebs"]["volumeSize"] = same
         assert kh.ec2nodeclass_hash(nc, CA, version).value == value, same
     # ... but the exponent form keeps its format (String() is "10e9"), so it is a different hash.
-    assert kh.quantity_string("1e10") == "10e9"
+    assert apis.quantity_string("1e10") == "10e9"
     nc["spec"]["blockDeviceMappings"][0]["ebs"]["volumeSize"] = "1e10"
     assert kh.ec2nodeclass_hash(nc, CA, version).value != value
 
@@ -143,7 +143,7 @@ def test_volume_size_hashes_as_its_quantity_string(version, value):
                                             ("1.5Ki", "1536"), ("0.5Gi", "512Mi"), ("1.5", "1500m"), ("0", "0"),
                                             ("0Gi", "0"), ("12e6", "12e6"), ("100", "100"), (200, "200")])
 def test_quantity_string_is_apimachinerys_canonical_form(text, canonical):
-    assert kh.quantity_string(text) == canonical
+    assert apis.quantity_string(text) == canonical
 
 
 @pytest.mark.parametrize("version,value", [("v5", "3585768058063247698"), ("v6", "10323991363677716244")])
@@ -198,10 +198,10 @@ def test_v5_hashes_the_typed_kubelet_and_v6_its_json_string():
 
 
 def test_kubelet_string_is_gos_json():
-    assert kh.kubelet_string(None) == kh.kubelet_string({}) == "null"
-    assert kh.kubelet_string({"maxPods": 110, "clusterDNS": ["10.0.0.10"], "a": {"z": 1, "b": 0.5}}) == \
+    assert apis.kubelet_string(None) == apis.kubelet_string({}) == "null"
+    assert apis.kubelet_string({"maxPods": 110, "clusterDNS": ["10.0.0.10"], "a": {"z": 1, "b": 0.5}}) == \
         '{"a":{"b":0.5,"z":1},"clusterDNS":["10.0.0.10"],"maxPods":110}'
-    assert kh.kubelet_string({"x": "<&>", "y": 1e21, "z": 1e-7, "w": 1.0}) == \
+    assert apis.kubelet_string({"x": "<&>", "y": 1e21, "z": 1e-7, "w": 1.0}) == \
         '{"w":1,"x":"\\u003c\\u0026\\u003e","y":1e+21,"z":1e-7}'
 
 
@@ -219,7 +219,7 @@ def test_the_ca_bundle_and_the_ami_family_are_part_of_the_hash():
 
 def test_crd_defaults_are_applied_as_the_api_server_does():
     """metadataOptions is defaulted by the CRD: absent, or written with its defaults, is the same object."""
-    explicit = {**MINIMAL, "metadataOptions": dict(kh.METADATA_OPTIONS_DEFAULT)}
+    explicit = {**MINIMAL, "metadataOptions": dict(apis.METADATA_OPTIONS_DEFAULT)}
     assert _nc_hash(explicit) == _nc_hash(MINIMAL) == _nc_hash({**MINIMAL, "metadataOptions": {"httpTokens": "required"}})
     assert _nc_hash({**MINIMAL, "metadataOptions": {"httpTokens": "optional"}}) != _nc_hash(MINIMAL)
 
@@ -239,11 +239,11 @@ def test_crd_defaults_in_the_model_match_the_upstream_crds():
         return s
 
     md = schema("karpenter.k8s.aws_ec2nodeclasses.yaml", "spec", "metadataOptions")
-    assert md["default"] == kh.METADATA_OPTIONS_DEFAULT
-    assert {k: v.get("default") for k, v in md["properties"].items()} == kh.METADATA_OPTIONS_DEFAULT
+    assert md["default"] == apis.METADATA_OPTIONS_DEFAULT
+    assert {k: v.get("default") for k, v in md["properties"].items()} == apis.METADATA_OPTIONS_DEFAULT
     tmpl = schema("karpenter.sh_nodepools.yaml", "spec", "template", "spec")
     assert tmpl["properties"]["expireAfter"]["default"] == "720h"
-    assert {f.json: f.default for f in kh.NODECLAIM_TEMPLATE.fields[1].type.fields if f.default} == {"expireAfter": "720h"}
+    assert {f.json: f.default for f in apis.NODECLAIM_TEMPLATE.fields[1].type.fields if f.default} == {"expireAfter": "720h"}
 
 
 # --- NodePool -----------------------------------------------------------------------------------------------------
@@ -307,18 +307,18 @@ def test_requirements_are_not_hashed_but_labels_and_annotations_are():
 
 
 def test_bad_input_names_the_field():
-    with pytest.raises(kh.HashInputError, match=r"spec.template.spec.expireAfter: '3 days' is not a duration"):
+    with pytest.raises(gotypes.HashInputError, match=r"spec.template.spec.expireAfter: '3 days' is not a duration"):
         kh.nodepool_hash(pool(expireAfter="3 days"))
-    with pytest.raises(kh.HashInputError, match=r"spec.detailedMonitoring: expected true or false"):
+    with pytest.raises(gotypes.HashInputError, match=r"spec.detailedMonitoring: expected true or false"):
         _nc_hash({**MINIMAL, "detailedMonitoring": "yes"})
-    with pytest.raises(kh.HashInputError, match=r"hash version 'v4'"):
+    with pytest.raises(gotypes.HashInputError, match=r"hash version 'v4'"):
         kh.ec2nodeclass_hash({"kind": "EC2NodeClass", "spec": MINIMAL}, CA, "v4")
     assert kh.ec2nodeclass_hash({"kind": "EC2NodeClass", "spec": {**MINIMAL, "colour": 1}}).unknown_fields == ("spec.colour",)
 
 
 def test_fnv_is_fnv1_64():
     # Go: fnv.New64().Write([]byte("a")).Sum64() == 0xaf63bd4c8601b7be (FNV-1; FNV-1a would be 0xaf63dc4c8601ec8c)
-    assert kh.fnv64(b"a") == 0xAF63BD4C8601B7BE
+    assert hashstructure.fnv64(b"a") == 0xAF63BD4C8601B7BE
 
 
 def test_cli_prints_kind_name_version_hash(tmp_path, capsys):
@@ -338,7 +338,7 @@ def test_cli_prints_kind_name_version_hash(tmp_path, capsys):
 def test_the_drift_preview_judges_an_ec2nodeclass_at_the_hash_version_it_is_stamped_with():
     # v6 hashes the kubelet as a JSON string (list order counts), v5 as a struct (lists are sets): reordering
     # clusterDNS drifts a v6-stamped class's NodeClaims and no v5-stamped one's.
-    from nodewarm.nodeclasses import driftpreview
+    from nodewarm.karpenter import driftpreview
 
     def stamped(version: str, cluster_dns: list[str]) -> dict:
         o = {"kind": "EC2NodeClass", "metadata": {"name": "gpu"}, "spec": {

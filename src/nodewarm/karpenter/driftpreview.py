@@ -11,12 +11,12 @@ How Karpenter decides, and how this follows it (kubernetes-sigs/karpenter
   EC2NodeClass with the one copied onto the NodeClaim at launch, and only when both hash-version annotations are
   present and equal (a new hash version re-stamps, it does not drift). A NodeClaim without the annotations never
   drifts statically. After a write the hash controller stamps the object with the hash of its new spec: for a
-  NodePool that value is computed here exactly (``karpenterhash.nodepool_hash``) and compared with the
+  NodePool that value is computed here exactly (``drifthash.nodepool_hash``) and compared with the
   NodeClaim's; for an EC2NodeClass, whose hash also covers the cluster CA bundle, a NodeClaim in step with the
   live object's stamp drifts exactly when the live and the new spec hash differently (``drift.would_drift``).
   One already out of step is drifted now, whatever we write.
 * Requirement drift is dynamic: a NodeClaim whose labels the pool's requirements no longer admit is
-  ``RequirementsDrifted`` (``nodepool.requirements_drifted``).
+  ``RequirementsDrifted`` (``drift.requirements_drifted``).
 * A NodeClaim being deleted is not counted: it is going anyway.
 """
 
@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import drift, karpenterhash
-from .karpenterhash import EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH, NODEPOOL_HASH_VERSION
 from nodewarm.api.names import NODEPOOL_LABEL
-from .nodepool import requirements_drifted
+
+from . import drift, drifthash
+from .apis import DEFAULT_EC2NODECLASS_VERSION, EC2NODECLASS_VERSIONS
+from .drift import requirements_drifted
+from .drifthash import EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION, NODEPOOL_HASH, NODEPOOL_HASH_VERSION
 
 _STAMPS = {"NodePool": (NODEPOOL_HASH, NODEPOOL_HASH_VERSION),
            "EC2NodeClass": (EC2NODECLASS_HASH, EC2NODECLASS_HASH_VERSION)}
@@ -100,7 +102,7 @@ def static_drift(kind: str, live: dict, after: dict, claim: dict) -> tuple[str, 
             return None                 # a new hash version: Karpenter re-stamps instead of drifting
         if kind == "NodePool":
             # Exact: the value Karpenter will stamp on the pool once it is ``after`` (no cluster input in it).
-            expected = karpenterhash.nodepool_hash(after)
+            expected = drifthash.nodepool_hash(after)
             if expected.version != claim_version:
                 return None
             if expected.value == claim_hash:
@@ -112,8 +114,7 @@ def static_drift(kind: str, live: dict, after: dict, claim: dict) -> tuple[str, 
     # The EC2NodeClass hash takes the cluster's CA bundle as an input Karpenter reads itself: judged relative to the
     # live object's own stamp (same CA on both sides), at the hash version it is stamped with (v5 hashes the kubelet
     # as a struct, v6 as a JSON string: reordering a list drifts only at v6); Auto Mode's NodeClass by its spec.
-    version = live_version if live_version in karpenterhash.EC2NODECLASS_VERSIONS else \
-        karpenterhash.DEFAULT_EC2NODECLASS_VERSION
+    version = live_version if live_version in EC2NODECLASS_VERSIONS else DEFAULT_EC2NODECLASS_VERSION
     if drift.would_drift(live, after, version=version):
         return WOULD, f"{kind} {live['metadata']['name']}: changes {_changed_fields(kind, live, after)}"
     return None
@@ -152,4 +153,18 @@ def preview(after: list[dict], live: list[dict], claims: list[dict]) -> Preview:
 
 def objects_after(live: dict | None, body: dict) -> dict | None:
     """A live object once a server-side apply of ``body`` lands (maps merge; lists, atomic here, are replaced)."""
-    return drift.merged(live, body) if live is not None else None
+    return merged(live, body) if live is not None else None
+
+
+def merged(current: dict, body: dict) -> dict:
+    """``current`` with the fields of a server-side-apply ``body`` laid over it (maps merge, everything else
+    — including lists, which are atomic in these CRDs' schemas for the fields nodewarm owns — is replaced)."""
+    def lay(c, b):
+        if isinstance(c, dict) and isinstance(b, dict):
+            out = dict(c)
+            for k, v in b.items():
+                out[k] = lay(c.get(k), v)
+            return out
+        return b
+
+    return lay(current, body)

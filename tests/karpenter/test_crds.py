@@ -1,7 +1,8 @@
-"""Karpenter's CRDs as nodewarm generates them (karpentercrds, from the Go types the drift hash walks): the API
-server accepts them and applies the defaults the hash assumes, every rendered example passes them, they refuse what
-upstream's refuse for the fields nodewarm writes, and (with NODEWARM_CRDS_DIR) every constraint they declare is
-upstream's own. `nodewarm render` checks its Karpenter objects against them without any upstream file."""
+"""Karpenter's CRDs as nodewarm generates them (nodewarm/karpenter/crds.py, from the Go types the drift hash
+walks): the API server accepts them and applies the defaults the hash assumes, every rendered example passes them,
+they refuse what upstream's refuse for the fields nodewarm writes, and (with NODEWARM_CRDS_DIR) every constraint
+they declare is upstream's own. `nodewarm render` checks its Karpenter objects against them without any upstream
+file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import yaml
 
 from nodewarm.cli import main
-from nodewarm.nodeclasses import crdvalidate, karpentercrds, karpenterhash as kh
+from nodewarm.karpenter import apis, crds, drifthash as kh
+from nodewarm.nodeclasses import crdvalidate
 from nodewarm.nodeclasses import render as render_module
 from support import crds as crdsupport
 from support.paths import REPO
@@ -156,7 +158,7 @@ def test_every_constraint_the_own_crds_declare_is_upstreams(which):
     folder = crdsupport.upstream_dir() if which == "newest" else crdsupport.upstream_release_dir()
     upstream = {d["spec"]["names"]["kind"]: d for d in kubeenv.load_crd_files(kubeenv.upstream_crd_files(folder))}
     found = []
-    for crd in karpentercrds.crds():
+    for crd in crds.crds():
         kind = crd["spec"]["names"]["kind"]
         theirs = upstream[kind]
         assert (crd["metadata"]["name"], crd["spec"]["scope"], crd["spec"]["names"]) == \
@@ -166,7 +168,7 @@ def test_every_constraint_the_own_crds_declare_is_upstreams(which):
 
 
 def test_the_comparison_finds_a_divergence():
-    crd = karpentercrds.ec2nodeclass_crd()
+    crd = crds.ec2nodeclass_crd()
     changed = copy.deepcopy(crd)
     _root(changed)["properties"]["spec"]["properties"]["instanceStorePolicy"]["enum"] = ["RAID0", "RAID5"]
     del _root(changed)["properties"]["spec"]["properties"]["role"]
@@ -178,11 +180,11 @@ def test_the_comparison_finds_a_divergence():
 def test_the_crd_defaults_are_the_hash_models_defaults():
     """One home: the defaults the CRD gives the API server are the Field defaults the hash applies to absent
     fields, so an object the server defaulted and the same object as written hash alike."""
-    spec = _root(karpentercrds.nodepool_crd())["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    spec = _root(crds.nodepool_crd())["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
     assert spec["properties"]["expireAfter"]["default"] == "720h"
-    nc = _root(karpentercrds.ec2nodeclass_crd())["properties"]["spec"]["properties"]["metadataOptions"]
-    assert nc["default"] == kh.METADATA_OPTIONS_DEFAULT
-    assert {k: v["default"] for k, v in nc["properties"].items()} == kh.METADATA_OPTIONS_DEFAULT
+    nc = _root(crds.ec2nodeclass_crd())["properties"]["spec"]["properties"]["metadataOptions"]
+    assert nc["default"] == apis.METADATA_OPTIONS_DEFAULT
+    assert {k: v["default"] for k, v in nc["properties"].items()} == apis.METADATA_OPTIONS_DEFAULT
 
 
 # --- on the real API server -----------------------------------------------------------------------------------------
@@ -210,7 +212,7 @@ def test_the_api_server_applies_the_defaults_the_hash_assumes(kube):
         assert got_pool["spec"]["template"]["spec"]["expireAfter"] == "720h"
         assert got_pool["spec"]["disruption"] == {"consolidateAfter": "0s", "budgets": [{"nodes": "10%"}],
                                                   "consolidationPolicy": "WhenEmptyOrUnderutilized"}
-        assert got_nc["spec"]["metadataOptions"] == kh.METADATA_OPTIONS_DEFAULT
+        assert got_nc["spec"]["metadataOptions"] == apis.METADATA_OPTIONS_DEFAULT
         assert kh.nodepool_hash(got_pool).value == kh.nodepool_hash(pool).value
         assert kh.ec2nodeclass_hash(got_nc, "ca").value == kh.ec2nodeclass_hash(nodeclass, "ca").value
         # The status subresource is there, and the server keeps what Karpenter writes in it.

@@ -11,7 +11,8 @@ import yaml
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
 
-from . import karpenterhash
+from . import drifthash
+from .apis import DEFAULT_EC2NODECLASS_VERSION, EC2NODECLASS_VERSIONS
 
 LOG = logs.Logger("drift")
 
@@ -40,8 +41,7 @@ def register(sub) -> None:
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     h.add_argument("-f", "--file", required=True, help="YAML with NodePool / EC2NodeClass documents ('-': stdin)")
     h.add_argument("--ca-bundle", metavar="FILE", help="the cluster CA: PEM, or the base64 of it")
-    h.add_argument("--hash-version", default=karpenterhash.DEFAULT_EC2NODECLASS_VERSION,
-                   choices=karpenterhash.EC2NODECLASS_VERSIONS,
+    h.add_argument("--hash-version", default=DEFAULT_EC2NODECLASS_VERSION, choices=EC2NODECLASS_VERSIONS,
                    help="EC2NodeClass hash version: v5 = Karpenter v1.14 (default), v6 = main")
     h.set_defaults(func=run_hash)
 
@@ -64,7 +64,7 @@ def hash_lines(text: str, ca_bundle: str | None, version: str) -> list[str]:
     for d in docs:
         if not isinstance(d, dict) or d.get("kind") not in ("NodePool", "EC2NodeClass"):
             continue
-        s = karpenterhash.stamped_hash(d, ca_bundle, version)
+        s = drifthash.stamped_hash(d, ca_bundle, version)
         for f in s.unknown_fields:
             LOG.warning("drift.unknown_field", kind=s.kind, name=s.name, field=f,
                                                meaning="not a field of Karpenter's type here: the API server drops "
@@ -77,7 +77,7 @@ def run_hash(args) -> int:
     ca = None
     if args.ca_bundle:
         try:
-            ca = karpenterhash.encode_ca_bundle(Path(args.ca_bundle).read_bytes())
+            ca = drifthash.encode_ca_bundle(Path(args.ca_bundle).read_bytes())
         except OSError as e:
             raise NodewarmError(f"--ca-bundle {args.ca_bundle}: {e.strerror}", "FileUnreadable") from None
     lines = hash_lines(_read(args.file), ca, args.hash_version)
