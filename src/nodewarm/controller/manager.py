@@ -45,7 +45,7 @@ from .pairing import ProviderIndex
 from .reflector import Reflector, wait_synced
 from .warmprofile import deviceplugins, peerkeys
 from .warmprofile.controller import WarmProfileController
-from .warmprofile.view import ProfileIndex, ProfileView
+from .profiles import ProfileIndex, ProfileView
 from .workqueue import WorkQueue
 
 

@@ -15,7 +15,7 @@ from .kube import Kube
 from .metrics import Metrics
 from .options import ControllerOptions
 from .reflector import Reflector
-from .warmprofile.view import ProfileIndex
+from .profiles import ProfileIndex
 from .workqueue import WorkQueue
 
 

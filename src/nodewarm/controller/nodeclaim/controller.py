@@ -21,8 +21,8 @@ from nodewarm.api.warmprofile import WarmProfile
 
 from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
 from ..leader import NotLeading
+from ..profiles import ProfileView
 from ..shared import Manager
-from ..warmprofile.view import ProfileView
 from . import budget
 from .plan import DELETE_CLAIM, NONE, Plan, plan_claim
 

@@ -25,10 +25,10 @@ from nodewarm.api.names import CLEANUP_FINALIZER
 from nodewarm.api.views import Condition
 
 from ..kube import WARMPROFILES
+from ..profiles import ProfileView
 from ..shared import Manager
 from . import cleanup, conditions, deviceplugins, inject, peerkeys
 from .conditions import Step
-from .view import ProfileView
 
 
 class WarmProfileController:

@@ -1,5 +1,6 @@
 """A WarmProfile object as the controller caches it (the profile parsed, or why it could not be, and its status),
-and the index of the profiles it knows."""
+and the index of the profiles it knows. The manager, shared.py and every reconciler read them, so they live here,
+beside the manager, and no feature package is imported from above."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from nodewarm.api.timeutil import parse_time
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.profile import from_dict
 
-from ..reflector import Reflector
+from .reflector import Reflector
 
 
 @dataclass(frozen=True)
