@@ -21,15 +21,17 @@ class ProviderIndex:
             if kind != "DELETED" and new is not None and new.provider_id:
                 self._claim_by_pid[new.provider_id] = new.name
 
-    def node_changed(self, kind: str, old: NodeView | None, new: NodeView | None) -> str | None:
-        """Index the change; the name of the NodeClaim the Node belongs to, if one is cached."""
-        pid = (new or old).provider_id
+    def node_changed(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
         with self._lock:
             if old is not None and old.provider_id and self._node_by_pid.get(old.provider_id) == old.name:
                 del self._node_by_pid[old.provider_id]
             if kind != "DELETED" and new is not None and new.provider_id:
                 self._node_by_pid[new.provider_id] = new.name
-            return self._claim_by_pid.get(pid) if pid else None
+
+    def claim_name(self, node: NodeView) -> str | None:
+        """The name of the cached NodeClaim the Node belongs to (a deleted Node's too: claims are indexed apart)."""
+        with self._lock:
+            return self._claim_by_pid.get(node.provider_id) if node.provider_id else None
 
     def node_name(self, claim: ClaimView) -> str | None:
         with self._lock:

@@ -81,3 +81,8 @@ class ProfileIndex:
     def for_pool(self, pool: str) -> WarmProfile | None:
         """The live profile bound to ``pool``, else a deleted one still holding its taint there."""
         return next((p for p in self.live() + self.held() if p.nodes.node_pool == pool), None)
+
+
+def pools_of(*views: ProfileView | None) -> set[str]:
+    """The NodePools the given versions of a WarmProfile bind (before and after a change: both pools' nodes)."""
+    return {v.profile.nodes.node_pool for v in views if v is not None and v.profile is not None}
