@@ -1,7 +1,9 @@
 """The manager's own parts, pure (no servers): each cached kind's events go to the watches the reconcilers declared
-for it (controller/watch.py), and to no other reconciler."""
+for it (controller/watch.py), and to no other reconciler; the work queue; the Lease's timings."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from kubernetes import client
@@ -122,3 +124,50 @@ def test_the_router_honours_predicates_runs_on_event_first_and_refuses_a_shared_
     assert list(r.all_keys()) == ["a/all", "a/all"]
     with pytest.raises(ValueError, match="a/"):
         Router([A(), A()], added.append)
+
+
+# -- the work queue and the Lease ----------------------------------------------------------------------------
+
+def test_workqueue_dedupes_and_never_hands_one_key_to_two_workers():
+    q = WorkQueue()
+    q.add("a")
+    q.add("a")
+    q.add("b")
+    assert len(q) == 2
+    assert q.get(0.1) == "a"
+    q.add("a")                       # re-added while processing: queued again only after done()
+    assert q.get(0.1) == "b"
+    assert q.get(0.05) is None
+    q.done("a")
+    assert q.get(0.1) == "a"
+
+
+def test_workqueue_delays_and_backoff():
+    q = WorkQueue(base_delay_s=0.05)
+    assert q.retry("k") == pytest.approx(0.05)
+    assert q.retry("k") == pytest.approx(0.1)
+    q.forget("k")
+    assert q.retry("k") == pytest.approx(0.05)
+    got = []
+    t = threading.Thread(target=lambda: got.append(q.get(2)))
+    t.start()
+    t.join(3)
+    assert got == ["k"]
+    q.add_after("later", 0.05)
+    assert q.get(0.01) is None
+    assert q.get(2) == "later"
+    q.shutdown()
+    assert q.get(5) is None
+
+
+def test_leader_timings_must_leave_no_window_for_two_leaders():
+    from nodewarm.controller.leader import LeaderConfig
+
+    ok = LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
+    assert ok.request_timeout_s < ok.renew_deadline_s       # one hung call cannot outlast the deadline
+    with pytest.raises(ValueError, match="greater than the renew deadline"):
+        LeaderConfig("ns", identity="a", lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
+    with pytest.raises(ValueError, match="retry period"):
+        LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
+    with pytest.raises(ValueError, match="identity"):
+        LeaderConfig("ns", identity="")
