@@ -3,7 +3,7 @@ exposes.
 
 The exposition is not written down here: a real ``controller.metrics.Metrics`` is driven the way the controller
 drives it (the planner's own plans for a warm node and each deadline action go through ``Metrics.observe``; the
-served compile-cache outcome goes through the controller's own ``_count_served_cache_outcome``), scraped over
+served compile-cache outcome goes through the NodeClaim feature's own ``count_served_cache_outcome``), scraped over
 its HTTP endpoint and parsed with prometheus_client's parser. Every query is parsed by a small PromQL parser
 (selectors, matchers, aggregations with by/without, functions, binary operators with on/ignoring) that works
 out the labels each sub-expression carries, so ``sum by (nodepool)`` over a metric without that label, a
@@ -29,7 +29,7 @@ from nodewarm.api.decisions import Decision
 from nodewarm.api.names import CACHE_ANNOTATION, STATE_ANNOTATION, WARM_CONDITION
 from nodewarm.api.timeutil import fmt_time
 from nodewarm.controller.nodeclaim import plan as planner
-from nodewarm.controller.manager import Controller
+from nodewarm.controller.nodeclaim.controller import count_served_cache_outcome
 from nodewarm.controller.metrics import HttpEndpoints, Metrics, metrics_routes
 from nodewarm.controller.warmprofile import peerkeys
 from nodewarm.api.views import ClaimView, NodeView, WarmState
@@ -77,13 +77,13 @@ def exercised_metrics() -> Metrics:
     assert {pl.deadline for pl in plans} == {"", "replace", "untaint", "keep", "not_replaced"}
     for pl in plans:
         m.observe(claim.nodepool, pl.counters, pl.durations)
-    # hit|miss are counted when serving proves them, by the controller's own watch handler.
+    # hit|miss are counted when serving proves them, by the NodeClaim feature's own watch of Nodes.
     leader = threading.Event()
     leader.set()
     fake = SimpleNamespace(metrics=m, is_leader=leader, log=SimpleNamespace(info=lambda *a, **kw: None))
     for result in ("hit", "miss"):
-        Controller._count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {CACHE_ANNOTATION: "restored"}),
-                                               _node(POOL, "True", {CACHE_ANNOTATION: result}))
+        count_served_cache_outcome(fake, "MODIFIED", _node(POOL, "True", {CACHE_ANNOTATION: "restored"}),
+                                   _node(POOL, "True", {CACHE_ANNOTATION: result}))
     # The engine check's, from its pure plan (passed with its times, failed with its reason), counted by its shell.
     from nodewarm.api import enginecheck as contract
     from nodewarm.controller.enginecheck import plan as ec

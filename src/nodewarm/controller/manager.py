@@ -1,23 +1,22 @@
 """The manager: informers -> work queue -> workers, under leader election, with health and metrics endpoints.
 
 The reconcilers live apart, by resource and then by phase, as Karpenter's pkg/controllers/nodeclaim/lifecycle
-does: nodeclaim/ (track, lift the taint on Warm, the warm deadline, the replace budget) and warmprofile/ (inject,
-device plugins, clean-up, the status conditions). This module only decides when they run and what they read.
+does: nodeclaim/ (track, lift the taint on Warm, the warm deadline, the replace budget), warmprofile/ (inject,
+device plugins, clean-up, the status conditions), enginecheck/ and modellabels/. Each declares what it watches, the
+keys it reconciles and every key it owns (watch.py); this module keeps the caches, routes each cached kind's events to
+the watches declared for it, and decides when the reconcilers run.
 
 Run it in-process (demo, tests, bench)::
 
     c = Controller(api_client, ControllerOptions(...))
     c.run_until(stop_event)          # or c.start() ... c.stop()
 
-Keys in the queue are ``claim/<NodeClaim>``, ``profile/<WarmProfile>``, ``budget/<NodePool>`` (re-check
-a paused replace budget), ``check/<WarmProfile>/<Node>`` (a node's engine check, enginecheck/) and ``models/<Node>``
-(the model labels of a profile's Node, modellabels/). Every replica
-lists and watches (so a standby's caches are warm when it takes over); only the Lease holder processes keys, each
-write bounded by the time its Lease still covers.
+Keys in the queue are ``<prefix>/<name>``, the prefix naming the reconciler: ``claim/<NodeClaim>`` and
+``budget/<NodePool>`` (re-check a paused replace budget), ``profile/<WarmProfile>``, ``check/<WarmProfile>/<Node>``
+(a node's engine check) and ``models/<Node>`` (the model labels of a profile's Node). Every replica lists and watches
+(so a standby's caches are warm when it takes over); only the Lease holder processes keys, each write bounded by the
+time its Lease still covers.
 A ``--dry-run`` replica writes nothing, so it never takes the Lease: it audits on its own.
-
-(A little over 300 lines: the handlers that turn watch events into keys stay beside the queue and the workers that
-drain it, so the path from an event to a reconcile reads in one place.)
 """
 
 from __future__ import annotations
@@ -30,27 +29,28 @@ from kubernetes import client
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
-from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.api.views import ClaimView, NodeView
 
-from .enginecheck import controller as enginecheck
+from .enginecheck.controller import EngineCheckController
 from .events import EventRecorder
-from .kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube
+from .kube import (AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES, Kube,
+                   Resource)
 from .leader import LeaderConfig, LeaderElector, NotLeading
 from .metrics import HttpEndpoints, Metrics, health_routes, metrics_routes
-from .modellabels import controller as modellabels
+from .modellabels.controller import ModelLabelController
 from .nodeclaim.controller import NodeClaimController
 from .options import ControllerOptions
 from .pairing import ProviderIndex
-from .reflector import Reflector, wait_synced
-from .warmprofile import deviceplugins, peerkeys
+from .profiles import ProfileIndex, ProfileView
+from .reflector import Handler, Reflector, wait_synced
+from .warmprofile.deviceplugins import DaemonSetView, daemonset_key
 from .warmprofile.controller import WarmProfileController
-from .warmprofile.view import ProfileIndex, ProfileView
+from .watch import Router
 from .workqueue import WorkQueue
 
 
 def _generation_view(o: dict) -> tuple[str, int]:
-    # NodePools and NodeClasses matter only as "changed -> re-check the profiles bound to them".
+    # NodePools and NodeClasses matter only as "changed" (warmprofile/ re-checks the profiles bound to them).
     return (o["metadata"]["name"], o["metadata"].get("generation", 0))
 
 
@@ -72,24 +72,21 @@ class Controller:
         # (claim, action) in order, the latest few thousand: what tests and the demo read.
         self.decisions: deque[tuple[str, str]] = deque(maxlen=10000)
 
-        w, page = self.opt.watch_timeout_s, self.opt.list_page_size
-        self.claims = Reflector(self.kube, NODECLAIMS, ClaimView.from_obj, self._on_claim, w, page_size=page)
-        self.nodes = Reflector(self.kube, NODES, NodeView.from_obj, self._on_node, w, page_size=page)
-        self.nodepools = Reflector(self.kube, NODEPOOLS, _generation_view, self._on_target, w, page_size=page)
-        self.ec2nodeclasses = Reflector(self.kube, EC2NODECLASSES, _generation_view, self._on_target, w, page_size=page)
-        self.automode_nodeclasses = Reflector(self.kube, AUTOMODE_NODECLASSES, _generation_view, self._on_target, w,
-                                              page_size=page)
+        # The caches, each kind projected as it arrives; each one's events go to the watches declared for its kind.
+        self.claims = self._cache(NODECLAIMS, ClaimView.from_obj, index=self.pairs.claim_changed)
+        self.nodes = self._cache(NODES, NodeView.from_obj, index=self.pairs.node_changed)
+        self.nodepools = self._cache(NODEPOOLS, _generation_view)
+        self.ec2nodeclasses = self._cache(EC2NODECLASSES, _generation_view)
+        self.automode_nodeclasses = self._cache(AUTOMODE_NODECLASSES, _generation_view)
         self.reflectors = [self.claims, self.nodes, self.nodepools, self.ec2nodeclasses, self.automode_nodeclasses]
         self.profiles: Reflector | None = None
         if self.opt.watch_profiles:
-            self.profiles = Reflector(self.kube, WARMPROFILES, ProfileView.from_obj, self._on_profile, w,
-                                      page_size=page)
+            self.profiles = self._cache(WARMPROFILES, ProfileView.from_obj)
             self.reflectors.append(self.profiles)
         # Only what the decisions need gates acting: the DaemonSets feed a diagnosis (deviceplugins.py), and a
         # controller whose RBAC lacks them (an older install) must still lift taints.
         self.required = list(self.reflectors)
-        self.daemonsets = Reflector(self.kube, DAEMONSETS, deviceplugins.DaemonSetView.from_obj, self._on_daemonset,
-                                    w, page_size=page, key_fn=deviceplugins.daemonset_key)
+        self.daemonsets = self._cache(DAEMONSETS, DaemonSetView.from_obj, key_fn=daemonset_key)
         self.reflectors.append(self.daemonsets)
         self.elector = None
         if self.opt.leader_elect and self.opt.dry_run:
@@ -101,13 +98,26 @@ class Controller:
         self.profile_index = ProfileIndex(self.opt.profiles, self.profiles)
         self.warmprofile = WarmProfileController(self)
         self.nodeclaim = NodeClaimController(self, self.warmprofile.write_status)
-        self.enginecheck = enginecheck.EngineCheckController(self)
-        self.modellabels = modellabels.ModelLabelController(self)
+        self.enginecheck = EngineCheckController(self)
+        self.modellabels = ModelLabelController(self)
+        # In this order each event's watches run, and a new leader enqueues each one's keys.
+        self.router = Router((self.warmprofile, self.nodeclaim, self.enginecheck, self.modellabels), self.queue.add)
+
+    def _cache(self, res: Resource, view_fn, index: Handler | None = None, key_fn=None) -> Reflector:
+        def on_event(kind: str, old, new) -> None:
+            if index is not None:
+                index(kind, old, new)       # the pairing first: the watches read it
+            self.router.route(res, kind, old, new)
+        return Reflector(self.kube, res, view_fn, on_event, self.opt.watch_timeout_s,
+                         page_size=self.opt.list_page_size, key_fn=key_fn)
 
     # -- what the reconcilers read -------------------------------------------------------------------
     def node_for(self, claim: ClaimView) -> NodeView | None:
         node_name = self.pairs.node_name(claim)
         return self.nodes.store.get(node_name) if node_name else None
+
+    def claim_for(self, node: NodeView) -> str | None:
+        return self.pairs.claim_name(node)
 
     def write_timeout(self) -> float | None:
         """A write must end while the Lease still covers it; without leader election, the client default."""
@@ -118,104 +128,11 @@ class Controller:
             raise NotLeading()
         return min(self.kube.timeout, left)
 
-    # -- informer handlers (cheap: index and enqueue) --------------------------------------------------
-    def _on_claim(self, kind: str, old: ClaimView | None, new: ClaimView | None) -> None:
-        self.pairs.claim_changed(kind, old, new)
-        name = (new or old).name
-        # A held clean-up finishes once removing the taint drifts nothing: re-check it as claims come and go.
-        for p in self.profile_index.held():
-            if p.nodes.node_pool == (new or old).nodepool:
-                self.queue.add(f"profile/{p.name}")
-        if kind == "DELETED":
-            self.queue.forget(f"claim/{name}")
-            self.log.info("nodeclaim.deleted", nodeclaim=name)
-            return
-        self.queue.add(f"claim/{name}")
-
-    def _on_node(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
-        claim = self.pairs.node_changed(kind, old, new)
-        if kind == "DELETED" and claim:
-            # Nothing to undo: the record lived on the Node. The NodeClaim is Karpenter's to clean up.
-            self.log.info("node.deleted", node=(old or new).name, nodeclaim=claim)
-        self._count_served_cache_outcome(kind, old, new)
-        if claim:
-            self.queue.add(f"claim/{claim}")
-        self._enqueue_check(old, new)
-        self._enqueue_peers(kind, old, new)
-        if kind == "DELETED":
-            self.modellabels.forget((old or new).name)
-        elif self.modellabels.profile_of(new) is not None:
-            self.queue.add(modellabels.key(new.name))
-
-    def _enqueue_peers(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
-        """A node joining or leaving a profile: the profile's key bindings (warmprofile/peerkeys.py). Only then:
-        a node's status and annotations change all the time and say nothing about who may read the key."""
-        if kind == "MODIFIED" and old is not None and new is not None and old.profile == new.profile:
-            return
-        for name in {v.profile for v in (old, new) if v is not None and v.profile}:
-            view = self.profile_index.view(name)
-            p = self.profile_index.static(name) or (view.profile if view else None)
-            if (p is not None and p.weights.peers.enabled) or peerkeys.had_peers(view):
-                self.queue.add(f"profile/{name}")
-
-    def _enqueue_check(self, old: NodeView | None, new: NodeView | None) -> None:
-        """A node that asks for (or answered) an engine check, of a profile that has it on: its check key. A deleted
-        node's too, so its pods go with it."""
-        v = next((x for x in (new, old) if enginecheck.asks(x)), None)
-        if v is None:
-            return
-        p = self.profile_index.for_pool(v.nodepool)
-        if p is not None and p.readiness.engine_check.enabled:
-            self.queue.add(enginecheck.key(p.name, v.name))
-
-    def _count_served_cache_outcome(self, kind: str, old: NodeView | None, new: NodeView | None) -> None:
-        """hit|miss arrive after the taint is lifted, when the publisher proves them in serving: count each
-        change to one once (a change, not a state: a restarted controller listing old nodes counts nothing)."""
-        if kind != "MODIFIED" or old is None or new is None or not self.is_leader.is_set():
-            return
-        was, now = old.annotations.get(CACHE_ANNOTATION), new.annotations.get(CACHE_ANNOTATION)
-        if now != was and now in ("hit", "miss"):
-            self.metrics.cache.labels(new.nodepool, now).inc()
-            self.log.info("compile_cache.proven", node=new.name, nodepool=new.nodepool, result=now)
-
-    def _on_target(self, kind: str, old, new) -> None:
-        name = (new or old)[0]
-        for p in self.profile_index.live() + self.profile_index.held():
-            if name in (p.nodes.node_pool, p.nodes.node_class):
-                self.queue.add(f"profile/{p.name}")
-
-    def _on_daemonset(self, kind: str, old, new) -> None:
-        if any(v is not None and v.device_plugin for v in (old, new)):
-            for p in self.profile_index.live():
-                self.queue.add(f"profile/{p.name}")
-
-    def _on_profile(self, kind: str, old: ProfileView | None, new: ProfileView | None) -> None:
-        v = new or old
-        if kind != "DELETED":
-            self.queue.add(f"profile/{v.name}")
-        pools = {x.profile.nodes.node_pool for x in (old, new) if x is not None and x.profile is not None}
-        self._enqueue_claims(lambda c: c.nodepool in pools)
-        for n in list(self.nodes.store.values()):
-            if n.nodepool in pools:
-                self._enqueue_check(None, n)
-            if n.profile == v.name:
-                self.queue.add(modellabels.key(n.name))     # spec.models changed: labels to set or remove
-
-    def _enqueue_claims(self, pred=lambda c: True) -> None:
-        for name, c in list(self.claims.store.items()):
-            if pred(c):
-                self.queue.add(f"claim/{name}")
-
-    def _enqueue_all(self) -> None:
-        for p in self.profile_index.live() + self.profile_index.held():
-            self.queue.add(f"profile/{p.name}")
-        self._enqueue_claims()
-        for n in list(self.nodes.store.values()):
-            self._enqueue_check(None, n)
-            if self.modellabels.profile_of(n) is not None:
-                self.queue.add(modellabels.key(n.name))
-
     # -- leadership ------------------------------------------------------------------------------------
+    def _enqueue_all(self) -> None:
+        for key in self.router.all_keys():
+            self.queue.add(key)
+
     def _became_leader(self) -> None:
         self.is_leader.set()
         self.metrics.leader.set(1)
@@ -245,16 +162,7 @@ class Controller:
                 if not self._acting():
                     continue     # a new leader re-enqueues everything; nothing is lost by dropping it here
                 kind, name = key.split("/", 1)
-                if kind == "claim":
-                    self.reconcile_claim(name)
-                elif kind == "budget":
-                    self.nodeclaim.reconcile_budget(name)
-                elif kind == enginecheck.KIND:
-                    self.enginecheck.reconcile(name)
-                elif kind == modellabels.KIND:
-                    self.modellabels.reconcile(name)
-                else:
-                    self.reconcile_profile(name)
+                self.router.routes[kind](name)
                 self.queue.forget(key)
             except NotLeading:
                 self.log.info("reconcile.dropped", key=key, why="lease no longer covers a write")

@@ -19,8 +19,10 @@ from nodewarm.api.views import NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
 from ..events import EventSpec
-from ..kube import PODS, PODTEMPLATES
+from ..kube import NODES, PODS, PODTEMPLATES, WARMPROFILES
+from ..profiles import ProfileView, pools_of
 from ..shared import Manager
+from ..watch import Watch
 from .plan import NOT_STARTED, STARTED, CheckPod, Plan, bound_pod, plan
 
 KIND = "check"
@@ -43,6 +45,31 @@ class EngineCheckController:
         self.mgr = mgr
         # (node, request id) already told that its pod could not be created: one Event each, not one per retry.
         self._told: set[tuple[str, str]] = set()
+
+    # -- what brings a node here (the manager routes the events: watch.py) -------------------------------
+    def watches(self) -> list[Watch]:
+        return [Watch(NODES, lambda event, old, new: self._check_keys(old, new)),
+                Watch(WARMPROFILES, self._nodes_in_pools)]
+
+    def routes(self) -> dict:
+        return {KIND: self.reconcile}
+
+    def keys(self) -> list[str]:
+        return [k for n in list(self.mgr.nodes.store.values()) for k in self._check_keys(None, n)]
+
+    def _check_keys(self, old: NodeView | None, new: NodeView | None) -> list[str]:
+        """A node that asks for (or answered) an engine check, of a profile that has it on: its check key. A deleted
+        node's too, so its pods go with it."""
+        v = next((x for x in (new, old) if asks(x)), None)
+        if v is None:
+            return []
+        p = self.mgr.profile_index.for_pool(v.nodepool)
+        return [key(p.name, v.name)] if p is not None and p.readiness.engine_check.enabled else []
+
+    def _nodes_in_pools(self, event: str, old: ProfileView | None, new: ProfileView | None) -> list[str]:
+        pools = pools_of(old, new)
+        nodes = [n for n in list(self.mgr.nodes.store.values()) if n.nodepool in pools]
+        return [k for n in nodes for k in self._check_keys(None, n)]
 
     def reconcile(self, name: str) -> Plan | None:
         mgr = self.mgr

@@ -12,8 +12,10 @@ from nodewarm.api import lifecycle
 from nodewarm.api.views import NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
-from ..kube import MAX_CONFLICT_RETRIES, NODES
+from ..kube import MAX_CONFLICT_RETRIES, NODES, WARMPROFILES
+from ..profiles import ProfileView
 from ..shared import Manager
+from ..watch import Watch, deleted, not_deleted
 from .plan import NO_CAPACITY, Plan, change_event, no_capacity_event, plan
 
 KIND = "models"
@@ -39,6 +41,27 @@ class ModelLabelController:
 
     def forget(self, node: str) -> None:
         self._told.pop(node, None)
+
+    # -- what brings a node here (the manager routes the events: watch.py) -------------------------------
+    def watches(self) -> list[Watch]:
+        return [
+            Watch(NODES, on_event=lambda event, old, new: self.forget((old or new).name), predicate=deleted),
+            Watch(NODES, lambda event, old, new: self._node_key(new), predicate=not_deleted),
+            Watch(WARMPROFILES, self._nodes_of_profile),      # spec.models changed: labels to set or remove
+        ]
+
+    def routes(self) -> dict:
+        return {KIND: self.reconcile}
+
+    def keys(self) -> list[str]:
+        return [k for n in list(self.mgr.nodes.store.values()) for k in self._node_key(n)]
+
+    def _node_key(self, node: NodeView) -> list[str]:
+        return [key(node.name)] if self.profile_of(node) is not None else []
+
+    def _nodes_of_profile(self, event: str, old: ProfileView | None, new: ProfileView | None) -> list[str]:
+        name = (new or old).name
+        return [key(n.name) for n in list(self.mgr.nodes.store.values()) if n.profile == name]
 
     def reconcile(self, name: str) -> Plan | None:
         mgr = self.mgr

@@ -11,24 +11,46 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Sequence
 
 from kubernetes.client.exceptions import ApiException
 
 from nodewarm.api import lifecycle
+from nodewarm.api.names import CACHE_ANNOTATION
 from nodewarm.api.views import ClaimView, Condition, NodeView
 from nodewarm.api.warmprofile import WarmProfile
 
-from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES
+from ..kube import MAX_CONFLICT_RETRIES, NODECLAIMS, NODES, WARMPROFILES
 from ..leader import NotLeading
+from ..profiles import ProfileView, pools_of
 from ..shared import Manager
-from ..warmprofile.view import ProfileView
+from ..watch import Watch, deleted, not_deleted
 from . import budget
 from .plan import DELETE_CLAIM, NONE, Plan, plan_claim
 
 
 # Writes conditions on a WarmProfile's status (the WarmProfile reconciler's write_status).
 StatusWriter = Callable[[ProfileView | None, Sequence[tuple[Condition, dict | None]]], None]
+
+
+KIND = "claim"
+BUDGET = "budget"           # budget/<NodePool>: a paused replace budget, looked at again when it reopens
+
+
+def key(claim: str) -> str:
+    return f"{KIND}/{claim}"
+
+
+def count_served_cache_outcome(mgr: Manager, kind: str, old: NodeView | None, new: NodeView | None) -> None:
+    """hit|miss arrive after the taint is lifted, when the publisher proves them in serving: count each
+    change to one once (a change, not a state: a restarted controller listing old nodes counts nothing)."""
+    if kind != "MODIFIED" or old is None or new is None or not mgr.is_leader.is_set():
+        return
+    was, now = old.annotations.get(CACHE_ANNOTATION), new.annotations.get(CACHE_ANNOTATION)
+    if now != was and now in ("hit", "miss"):
+        mgr.metrics.cache.labels(new.nodepool, now).inc()
+        mgr.log.info("compile_cache.proven", node=new.name, nodepool=new.nodepool, result=now)
 
 
 class NodeClaimController:
@@ -38,6 +60,44 @@ class NodeClaimController:
         opt = mgr.opt
         self.budget = budget.ReplaceBudget(budget.ReplacePolicy(opt.replace_budget, opt.replace_window_s,
                                                                 opt.replace_backoff_s, opt.replace_backoff_max_s))
+
+    # -- what brings a NodeClaim here (the manager routes the events: watch.py) -------------------------
+    def watches(self) -> list[Watch]:
+        return [
+            Watch(NODECLAIMS, lambda event, old, new: [key((new or old).name)], predicate=not_deleted),
+            Watch(NODECLAIMS, on_event=self._claim_gone, predicate=deleted),
+            Watch(NODES, on_event=self._node_gone, predicate=deleted),
+            # The compile-cache outcome (nodewarm_compile_cache_total) proven in serving, on the Node's change.
+            Watch(NODES, on_event=partial(count_served_cache_outcome, self.mgr)),
+            Watch(NODES, self._paired_claim),
+            # A profile changed (or came, or went): the claims of the pools it bound and binds.
+            Watch(WARMPROFILES, self._claims_in_pools),
+        ]
+
+    def routes(self) -> dict:
+        return {KIND: self.reconcile, BUDGET: self.reconcile_budget}
+
+    def keys(self) -> list[str]:
+        return [key(name) for name in list(self.mgr.claims.store)]
+
+    def _claim_gone(self, event: str, old: ClaimView | None, new: ClaimView | None) -> None:
+        name = (new or old).name
+        self.mgr.queue.forget(key(name))
+        self.mgr.log.info("nodeclaim.deleted", nodeclaim=name)
+
+    def _node_gone(self, event: str, old: NodeView | None, new: NodeView | None) -> None:
+        claim = self.mgr.claim_for(new or old)
+        if claim:
+            # Nothing to undo: the record lived on the Node. The NodeClaim is Karpenter's to clean up.
+            self.mgr.log.info("node.deleted", node=(old or new).name, nodeclaim=claim)
+
+    def _paired_claim(self, event: str, old: NodeView | None, new: NodeView | None) -> list[str]:
+        claim = self.mgr.claim_for(new or old)
+        return [key(claim)] if claim else []
+
+    def _claims_in_pools(self, event: str, old: ProfileView | None, new: ProfileView | None) -> list[str]:
+        pools = pools_of(old, new)
+        return [key(name) for name, c in list(self.mgr.claims.store.items()) if c.nodepool in pools]
 
     def _read_live(self, claim: ClaimView, node: NodeView | None) -> tuple[ClaimView | None, NodeView | None]:
         """GET the NodeClaim and its Node from the API server (not the cache): deadline actions and
@@ -85,14 +145,14 @@ class NodeClaimController:
                 continue
             if plan.action == NONE:
                 if plan.requeue_after is not None:
-                    mgr.queue.add_after(f"claim/{name}", plan.requeue_after + 0.05)
+                    mgr.queue.add_after(key(name), plan.requeue_after + 0.05)
                 return plan
             if plan.action == DELETE_CLAIM:
                 gate = self._replace_gate(claim.nodepool, p, reserve=not mgr.opt.dry_run)
                 if not gate.allowed:
                     mgr.log.info("decision.replace_paused", nodeclaim=name, nodepool=claim.nodepool,
                                  until=gate.until, reason=gate.condition.reason)
-                    mgr.queue.add_after(f"claim/{name}", gate.until - time.time() + 0.05)
+                    mgr.queue.add_after(key(name), gate.until - time.time() + 0.05)
                     return budget.held_back(plan, gate, time.time())
             if mgr.opt.dry_run:
                 mgr.log.info("decision.would", nodeclaim=name, node=node.name if node else None, action=plan.action,
@@ -132,7 +192,7 @@ class NodeClaimController:
         if cond is not None:
             self.write_profile_status(view, [(cond, None)])
         if gate.condition.status == "True":
-            self.mgr.queue.add_after(f"budget/{pool}", gate.until - time.time() + 0.05)
+            self.mgr.queue.add_after(f"{BUDGET}/{pool}", gate.until - time.time() + 0.05)
         return gate
 
     def reconcile_budget(self, pool: str) -> budget.ReplaceGate:

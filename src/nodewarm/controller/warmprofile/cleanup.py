@@ -28,11 +28,11 @@ from nodewarm.api.warmprofile import WarmProfile
 from ..events import EventSpec
 from ..kube import MAX_CONFLICT_RETRIES, NODES, Kube
 from ..nodepatch import guarded_taint_removal
+from ..profiles import ProfileView
 from ..shared import Manager
 from .conditions import Step, warning
 from .inject import Injector, Release, conflict_managers
 from .peerkeys import remove as remove_peers
-from .view import ProfileView
 
 
 def reconcile(mgr: Manager, injector: Injector, view: ProfileView) -> Step:

@@ -16,7 +16,7 @@ from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.views import Condition
 
 from ..events import EventSpec
-from .view import ProfileView
+from ..profiles import ProfileView
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,28 @@ from kubernetes.client.exceptions import ApiException
 from nodewarm.api.names import CLEANUP_FINALIZER
 from nodewarm.api.views import Condition
 
-from ..kube import WARMPROFILES
+from ..kube import AUTOMODE_NODECLASSES, DAEMONSETS, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
+from ..profiles import ProfileView
 from ..shared import Manager
+from ..watch import Watch, not_deleted
 from . import cleanup, conditions, deviceplugins, inject, peerkeys
 from .conditions import Step
-from .view import ProfileView
+
+KIND = "profile"
+
+
+def key(profile: str) -> str:
+    return f"{KIND}/{profile}"
+
+
+def _joins_or_leaves(event: str, old, new) -> bool:
+    """A node joining or leaving a profile. Only then: a node's status and annotations change all the time and say
+    nothing about who may read the key."""
+    return not (event == "MODIFIED" and old is not None and new is not None and old.profile == new.profile)
+
+
+def _device_plugin(event: str, old, new) -> bool:
+    return any(v is not None and v.device_plugin for v in (old, new))
 
 
 class WarmProfileController:
@@ -37,6 +54,49 @@ class WarmProfileController:
         self.injector = inject.Injector(mgr.kube, mgr.opt.dry_run, mgr.opt.instance_source)
         self.clock = time.time                          # the peer key's rotation reads it (tests move it)
         self._rotation_due: dict[str, float] = {}       # profile -> when its key rotation is queued for
+
+    # -- what brings a profile here (the manager routes the events: watch.py) ---------------------------
+    def watches(self) -> list[Watch]:
+        return [
+            # A held clean-up finishes once removing the taint drifts nothing: re-check it as claims come and go.
+            Watch(NODECLAIMS, self._held_in_pool),
+            # The profile's key bindings (peerkeys.py) follow who its nodes are.
+            Watch(NODES, self._peer_profiles, predicate=_joins_or_leaves),
+            # NodePools and NodeClasses matter only as "changed -> re-check the profiles bound to them".
+            *(Watch(kind, self._bound_to) for kind in (NODEPOOLS, EC2NODECLASSES, AUTOMODE_NODECLASSES)),
+            # A device plugin's scheduling may have changed for any live profile (deviceplugins.py).
+            Watch(DAEMONSETS, self._live, predicate=_device_plugin),
+            Watch(WARMPROFILES, lambda event, old, new: [key((new or old).name)], predicate=not_deleted),
+        ]
+
+    def routes(self) -> dict:
+        return {KIND: self.reconcile}
+
+    def keys(self) -> list[str]:
+        return [key(p.name) for p in self._known()]
+
+    def _known(self) -> list:
+        index = self.mgr.profile_index
+        return index.live() + index.held()
+
+    def _live(self, event: str, old, new) -> list[str]:
+        return [key(p.name) for p in self.mgr.profile_index.live()]
+
+    def _held_in_pool(self, event: str, old, new) -> list[str]:
+        return [key(p.name) for p in self.mgr.profile_index.held() if p.nodes.node_pool == (new or old).nodepool]
+
+    def _peer_profiles(self, event: str, old, new) -> list[str]:
+        out = []
+        for name in {v.profile for v in (old, new) if v is not None and v.profile}:
+            view = self.mgr.profile_index.view(name)
+            p = self.mgr.profile_index.static(name) or (view.profile if view else None)
+            if (p is not None and p.weights.peers.enabled) or peerkeys.had_peers(view):
+                out.append(key(name))
+        return out
+
+    def _bound_to(self, event: str, old, new) -> list[str]:
+        name = (new or old)[0]          # the manager caches NodePools and NodeClasses as (name, generation)
+        return [key(p.name) for p in self._known() if name in (p.nodes.node_pool, p.nodes.node_class)]
 
     def reconcile(self, name: str) -> inject.InjectResult | None:
         mgr = self.mgr
@@ -65,7 +125,7 @@ class WarmProfileController:
             self._rotation_due.pop(p.name, None)
         elif self._rotation_due.get(p.name) != now + rotate_in_s:
             self._rotation_due[p.name] = now + rotate_in_s
-            self.mgr.queue.add_after(f"profile/{p.name}", rotate_in_s)
+            self.mgr.queue.add_after(key(p.name), rotate_in_s)
         return step
 
     def _add_finalizer(self, view: ProfileView | None) -> ProfileView | None:

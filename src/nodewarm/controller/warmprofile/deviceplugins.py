@@ -35,9 +35,9 @@ from nodewarm.nodeclasses.nodepool import startup_taint
 from nodewarm.api.views import Condition
 from nodewarm.api.warmprofile import WarmProfile
 
+from ..profiles import ProfileView
 from ..shared import Manager
 from .conditions import Step, warning
-from .view import ProfileView
 
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NAME_HINTS = ("device-plugin",)

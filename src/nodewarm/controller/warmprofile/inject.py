@@ -39,9 +39,9 @@ from nodewarm.api.warmprofile import WarmProfile
 
 from ..events import EventSpec
 from ..kube import AUTOMODE_NODECLASSES, EC2NODECLASSES, NODECLAIMS, NODEPOOLS, Kube, Resource
+from ..profiles import ProfileView
 from ..shared import Manager
 from .conditions import Step, warning
-from .view import ProfileView
 
 _MANAGER = re.compile(r'conflict with "([^"]+)"')
 

@@ -34,9 +34,9 @@ from nodewarm.nodeclasses import peeraccess
 
 from ..events import EventSpec
 from ..kube import ROLEBINDINGS, ROLES, SECRETS
+from ..profiles import ProfileView
 from ..shared import Manager
 from .conditions import Step, warning
-from .view import ProfileView
 
 CONDITION = "Peers"
 KEY_BYTES = 32

@@ -1,10 +1,9 @@
-"""Pure planning and the work queue: no servers."""
+"""The NodeClaim's pure planning (nodeclaim/): no servers."""
 
 from __future__ import annotations
 
 import copy
 import json
-import threading
 from functools import partial
 
 import pytest
@@ -15,7 +14,6 @@ from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm.api.timeutil import fmt_time, parse_time
 from nodewarm.api.views import ClaimView, NodeView, WarmState
-from nodewarm.controller.workqueue import WorkQueue
 from support import builders
 from support.builders import TAINT, v
 from support.jsonpatch import apply_json_patch
@@ -184,38 +182,6 @@ def test_label_values_are_valid():
     assert untaint.model_label(prof(spec__model__revision="r1")) == "qwen3-35b-r1"
 
 
-def test_workqueue_dedupes_and_never_hands_one_key_to_two_workers():
-    q = WorkQueue()
-    q.add("a")
-    q.add("a")
-    q.add("b")
-    assert len(q) == 2
-    assert q.get(0.1) == "a"
-    q.add("a")                       # re-added while processing: queued again only after done()
-    assert q.get(0.1) == "b"
-    assert q.get(0.05) is None
-    q.done("a")
-    assert q.get(0.1) == "a"
-
-
-def test_workqueue_delays_and_backoff():
-    q = WorkQueue(base_delay_s=0.05)
-    assert q.retry("k") == pytest.approx(0.05)
-    assert q.retry("k") == pytest.approx(0.1)
-    q.forget("k")
-    assert q.retry("k") == pytest.approx(0.05)
-    got = []
-    t = threading.Thread(target=lambda: got.append(q.get(2)))
-    t.start()
-    t.join(3)
-    assert got == ["k"]
-    q.add_after("later", 0.05)
-    assert q.get(0.01) is None
-    assert q.get(2) == "later"
-    q.shutdown()
-    assert q.get(5) is None
-
-
 # -- deadline actions: guards, keep that still lifts, replace that is never pointless ----------------------
 
 def test_deadline_plans_carry_uid_and_resource_version_guards_the_warm_path_only_uid():
@@ -346,19 +312,6 @@ def test_the_cached_node_view_holds_only_the_projected_fields():
     bumped["metadata"]["resourceVersion"] = "999"
     bumped["metadata"]["labels"]["another"] = "label"
     assert NodeView.from_obj(bumped) == view
-
-
-def test_leader_timings_must_leave_no_window_for_two_leaders():
-    from nodewarm.controller.leader import LeaderConfig
-
-    ok = LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=10, retry_period_s=2)
-    assert ok.request_timeout_s < ok.renew_deadline_s       # one hung call cannot outlast the deadline
-    with pytest.raises(ValueError, match="greater than the renew deadline"):
-        LeaderConfig("ns", identity="a", lease_duration_s=10, renew_deadline_s=10, retry_period_s=2)
-    with pytest.raises(ValueError, match="retry period"):
-        LeaderConfig("ns", identity="a", lease_duration_s=15, renew_deadline_s=2, retry_period_s=2)
-    with pytest.raises(ValueError, match="identity"):
-        LeaderConfig("ns", identity="")
 
 
 def test_register_to_warm_is_timed_by_the_agents_sub_second_warm_report():

@@ -1,5 +1,6 @@
 """A WarmProfile object as the controller caches it (the profile parsed, or why it could not be, and its status),
-and the index of the profiles it knows."""
+and the index of the profiles it knows. The manager, shared.py and every reconciler read them, so they live here,
+beside the manager, and no feature package is imported from above."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from nodewarm.api.timeutil import parse_time
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.profile import from_dict
 
-from ..reflector import Reflector
+from .reflector import Reflector
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,8 @@ class ProfileIndex:
     def for_pool(self, pool: str) -> WarmProfile | None:
         """The live profile bound to ``pool``, else a deleted one still holding its taint there."""
         return next((p for p in self.live() + self.held() if p.nodes.node_pool == pool), None)
+
+
+def pools_of(*views: ProfileView | None) -> set[str]:
+    """The NodePools the given versions of a WarmProfile bind (before and after a change: both pools' nodes)."""
+    return {v.profile.nodes.node_pool for v in views if v is not None and v.profile is not None}
