@@ -181,7 +181,7 @@ class AgentConfig:
     progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
     engine_check_s: float | None = None             # readiness.engineCheck's timeout; None: no engine check
     serving_namespace: str = default("serving.namespace")   # where the check pod runs (the serving pod's)
-    peering: object | None = field(default=None, compare=False)  # bootstrap.peering.Peering: peers on
+    peering: object | None = field(default=None, compare=False)  # peers.peering.Peering: peers on
     extras: tuple[ModelPull, ...] = ()              # the required further models, in the order they warm
     report_models: bool = False                     # the profile has spec.models: report names.MODELS_ANNOTATION
     headroom: object | None = None                  # weights.capacity.Headroom; None: the pull's default

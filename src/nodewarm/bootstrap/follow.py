@@ -113,7 +113,7 @@ class Follower:
         self.held: profilesource.Resolved | None = None     # the generation this node is warm for
         self.last: agent.AgentResult | None = None
         self._failed_at: float | None = None
-        self.peering = None     # bootstrap.peering.Peering while the profile has peers on
+        self.peering = None     # peers.peering.Peering while the profile has peers on
         # The profile's further models (spec.models): reported on the Node, the ones not required warmed here.
         self.book = modelset.Book(lambda ann: report_progress(api_client, opts.node_name, ann))
         self.models = modelset.ModelSet(api_client, opts, self.book, self.stop)
@@ -126,7 +126,7 @@ class Follower:
             self.peering.close()
             self.peering = None
         if want is not None and self.peering is None:
-            from .peering import Peering
+            from .peers.peering import Peering
 
             try:
                 self.peering = Peering(self.api, self.opt.node_name, p).start()

@@ -5,7 +5,7 @@ warm node keeps feeding nodes that scale up after it. With the node's own identi
 
 * reads the profile's key from the Secret the controller mints (a RoleBinding lets only this profile's nodes
   read it), again every KEY_REFRESH_S so a rotation reaches it well inside the previous key's grace period;
-* serves on its Node's InternalIP and the profile's port only (weights/peerserve.py);
+* serves on its Node's InternalIP and the profile's port only (serve.py);
 * says where it serves and what it holds in its own Node's PEER_ANNOTATION (through ``nodes/status``, like its other
   reports), and follows the profile's Nodes with one list and a watch for the others';
 * stops serving and withdraws the annotation as soon as its Node is cordoned or marked for drain.
@@ -26,12 +26,12 @@ from nodewarm.api.names import (
 )
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import podwatch, profilesource
-from .nodestatus import report_progress
-from .weights import peerdirectory
-from .weights.peerauth import PeerKeys
-from .weights.peerfetch import Peer, PeerSource
-from .weights.peerserve import Holdings, PeerServer
+from .. import podwatch, profilesource
+from ..nodestatus import report_progress
+from . import directory
+from .auth import PeerKeys
+from .fetch import Peer, PeerSource
+from .serve import Holdings, PeerServer
 
 log = logs.get("bootstrap.peering")
 
@@ -78,7 +78,7 @@ class Peering:
     # -- life ----------------------------------------------------------------------------------------------
     def start(self) -> "Peering":
         node = profilesource.get_node(self.api, self.node_name)
-        self.host = peerdirectory.internal_ip(node)
+        self.host = directory.internal_ip(node)
         if self.host is None:
             log.warning("peers.no_internal_ip", node=self.node_name, then="this node reads from peers but serves none")
         self._read_keys()
@@ -116,7 +116,7 @@ class Peering:
 
     def failed(self, why: str) -> None:
         """The pull failed: leave the directory, or the others would wait for the parts this node owns (up to
-        peerfetch.WAIT_S each) while it retries only minutes later. The next begin() announces it again."""
+        fetch.WAIT_S each) while it retries only minutes later. The next begin() announces it again."""
         self.state = None
         self._unannounce(f"the pull failed: {why}")
 
@@ -124,7 +124,7 @@ class Peering:
         self.state = state
         if self.server is None or self.withdrawn is not None or self.keys() is None:
             return  # without the key every peer's request would be refused: it is announced once the key is read
-        value = peerdirectory.annotation(self.profile.name, self.host, self.server.address[1], state, self.model,
+        value = directory.annotation(self.profile.name, self.host, self.server.address[1], state, self.model,
                                          self.holdings.summary() if self.holdings else {})
         try:
             report_progress(self.api, self.node_name, {PEER_ANNOTATION: value})
@@ -186,13 +186,13 @@ class Peering:
         with self.lock:
             self._nodes = nodes
         me = nodes.get(self.node_name)
-        if me is not None and (why := peerdirectory.leaving(me)) is not None:
+        if me is not None and (why := directory.leaving(me)) is not None:
             self.withdraw(why)
         with self.lock:
             model = self.model
         peers = {}
         for name, node in nodes.items():
-            if name != self.node_name and (p := peerdirectory.peer_of(node, self.profile.name, model)) is not None:
+            if name != self.node_name and (p := directory.peer_of(node, self.profile.name, model)) is not None:
                 peers[name] = p
         with self.lock:
             if peers.keys() != self._peers.keys():

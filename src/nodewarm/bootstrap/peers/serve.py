@@ -1,14 +1,14 @@
 """Peers before S3, the serving side: byte ranges of this node's model files for the other nodes of its profile.
 
 A peer asks ``GET /v1/objects/<rel path>?etag=<etag>`` with one closed ``Range`` and a signed ``Authorization``
-(peerauth.py). The signature is checked before anything else, so a request without it learns nothing, not even
+(auth.py). The signature is checked before anything else, so a request without it learns nothing, not even
 which files exist. What may be served is exactly the manifest's objects (``Holdings``), by path and ETag: a
 traversal, nodewarm's own ``.nodewarm/`` files or anything else under DEST is simply not one of them (404). A
 verified file serves any range; a file still being pulled serves only the parts its journal lists (s3pull.py writes
 a journal line after the part's bytes are in the page cache), anything else there is 416. Every file is opened
 under DEST without following a link (confined.py): DEST's subfolders are not ours alone to trust.
 
-The bytes are not vouched for: the asking node verifies them against S3's checksums like S3's own (peerfetch.py),
+The bytes are not vouched for: the asking node verifies them against S3's checksums like S3's own (fetch.py),
 so a part lost in a host crash and still journaled costs that node a refetch, never a wrong file.
 
 The server listens on one address only (the node's InternalIP, never a wildcard), serves at most
@@ -31,22 +31,21 @@ import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from nodewarm import logs
 
 from .. import confined
 from ..confined import UnsafePath
-from . import peerauth
-from .manifest import RemoteObject, local_rel_path
-from .partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
-from .peerauth import PeerAuthFailed, PeerKeys
-from .throttle import TokenBucket
+from ..weights.manifest import RemoteObject, local_rel_path
+from ..weights.partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
+from ..weights.throttle import TokenBucket
+from . import auth
+from .auth import PREFIX, PeerAuthFailed, PeerKeys
 
 log = logs.get("bootstrap.weights.peers")
 
 MiB = 1024**2
-PREFIX = "/v1/objects/"
 # The most one write sends: small enough that the shared bandwidth is split fairly between connections.
 SEND_CHUNK = 1 * MiB
 # A keep-alive connection with no request for this long is closed, so an idle client cannot hold a slot forever.
@@ -56,11 +55,6 @@ IDLE_TIMEOUT_S = 30.0
 REFUSE_DRAIN_S = 1.0
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 
-
-def object_path(obj_rel_path: str, etag: str) -> str:
-    """The request target for one object. The client signs exactly this string (path + query) together with
-    method "GET" and the Range header value."""
-    return f"{PREFIX}{quote(obj_rel_path, safe='/')}?etag={quote(etag, safe='')}"
 
 
 class Holdings:
@@ -132,11 +126,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if keys is None:
                 raise PeerAuthFailed("this node has no peer key yet")
-            node = peerauth.verify(keys, self.headers.get("Authorization"), "GET", self.path, rng)
+            node = auth.verify(keys, self.headers.get("Authorization"), "GET", self.path, rng)
         except PeerAuthFailed as e:
             srv.count("refused_auth")
             log.info("peers.refused_auth", client=self.client_address[0], why=str(e))
-            self._reply(401, b"unauthorized\n", {"WWW-Authenticate": peerauth.SCHEME})
+            self._reply(401, b"unauthorized\n", {"WWW-Authenticate": auth.SCHEME})
             return
         try:
             fd, first, last, size = self._open(rng)

@@ -1,7 +1,7 @@
 """Which nodes of the profile can feed this one: read from their Node annotations (pure).
 
 Every agent with peers on writes PEER_ANNOTATION (nodewarm/api/names.py) on its own Node; the others follow the
-profile's Nodes with one list and a watch (bootstrap/peering.py), so no extra service is installed and a node that
+profile's Nodes with one list and a watch (peering.py), so no extra service is installed and a node that
 goes, or is cordoned, or drops its annotation, leaves the directory as soon as the watch says so.
 """
 
@@ -13,12 +13,11 @@ import time
 
 from nodewarm.api.names import PEER_ANNOTATION
 from nodewarm.api.timeutil import fmt_time_s
+from nodewarm.api.views import DISRUPTED_TAINT
 
-from .peerfetch import Peer
+from .fetch import Peer
 
 STATES = ("pulling", "warm")
-# Karpenter's taint on a node it is about to drain (disruption); a cordon sets spec.unschedulable.
-DISRUPTED_TAINT = "karpenter.sh/disrupted"
 
 
 def annotation(profile: str, host: str, port: int, state: str, model: str, held: dict) -> str:

@@ -110,7 +110,7 @@ def test_a_warm_node_feeds_a_new_one_and_stops_serving_when_cordoned(
 
 
 def test_a_taken_port_leaves_the_node_reading_and_its_pull_going(tmp_path):
-    from nodewarm.bootstrap.peering import Peering
+    from nodewarm.bootstrap.peers.peering import Peering
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
