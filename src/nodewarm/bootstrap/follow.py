@@ -30,7 +30,8 @@ from nodewarm.api.names import GENERATION_LABEL, MODELS_ANNOTATION
 from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import agent, modelset, modelstore, profilesource
+from . import agent, profilesource
+from .modelcache import modelset, store
 from .nodestatus import report_progress, report_warm
 from .weights.capacity import Headroom
 from .weights.loadcheck import StreamerTuning
@@ -287,7 +288,7 @@ class Follower:
             self.close()
 
     def _run(self) -> int:
-        modelstore.finish_evictions(self.models.models_root)    # a crash mid-eviction: finish it
+        store.finish_evictions(self.models.models_root)    # a crash mid-eviction: finish it
         obj = self._wait_for_profile()
         if obj is None:
             return 1

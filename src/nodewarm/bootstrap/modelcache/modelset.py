@@ -11,7 +11,7 @@ Everything the node holds is reported on its Node (names.MODELS_ANNOTATION, api.
 alone turns that report into the models' labels, which the models' Deployments require. So a model's files go only
 after its label: the agent reports it ``evicting``, waits until the label is gone, looks again that no pod on the
 node mounts it (the API's pods, not a guess), and only then removes the folder, whole or not at all
-(modelstore.evict; a crash in between is finished at the next start).
+(store.evict; a crash in between is finished at the next start).
 
 "A pod on the node mounts it" counts the users of the models, never the agent itself: on the DaemonSet path (Auto
 Mode, Bottlerocket) the agent's own pod mounts the whole NVMe root, and so does, for a moment during a rolling update,
@@ -42,8 +42,9 @@ from nodewarm.api.podlayout import MODELS_ROOT
 from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import modelstore, profilesource
-from .weights.manifest import STATE_DIR
+from .. import profilesource
+from ..weights.manifest import STATE_DIR
+from . import store
 
 log = logs.get("bootstrap.models")
 
@@ -125,7 +126,7 @@ def in_use(folder: Path, used: set[Path]) -> bool:
 
 
 def protected(target: Target, wanted: tuple[Target, ...], used: set[Path],
-              held: list[modelstore.Held]) -> dict[Path, str]:
+              held: list[store.Held]) -> dict[Path, str]:
     """Folders that may not make room for ``target``, each with why (pure)."""
     keep: dict[Path, str] = {target.dest: "being pulled"}
     for t in wanted:
@@ -271,7 +272,7 @@ class ModelSet:
         self.results[t.name] = {"generation": t.generation, "downloadedBytes": summary.downloaded_bytes,
                                 "linkedFiles": summary.linked_files, "linkedBytes": summary.linked_bytes,
                                 "files": summary.files, "bytes": summary.bytes, "compileCache": cache}
-        modelstore.touch_used(t.dest, time.time())
+        store.touch_used(t.dest, time.time())
         self.book.put(HeldModel(t.name, WARM, t.generation, key=t.dest.name, bytes=summary.bytes,
                                 required=t.required, priority=t.priority, last_used=_now()))
         self.book.publish()
@@ -290,10 +291,10 @@ class ModelSet:
         self.book.publish()
 
     def _pull(self, p: WarmProfile, t: Target):
-        from .weights import WeightsConfig, warm_weights
-        from .weights.background import pull_overrides
+        from ..weights import WeightsConfig, warm_weights
+        from .background import pull_overrides
 
-        others = tuple(h.path for h in modelstore.held(self.models_root) if h.complete and h.path != t.dest)
+        others = tuple(h.path for h in store.held(self.models_root) if h.complete and h.path != t.dest)
         return warm_weights(WeightsConfig(
             uri=t.view.model.uri, dest=t.dest, allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
             host_root=self.opt.host_root, load_check=self.opt.load_check, stop=self.stop, link_from=others,
@@ -306,8 +307,8 @@ class ModelSet:
             return "cold NoVerifyKey"
         from nodewarm.api.servingspec import serving_spec
 
-        from .agent import node_cache_dirs
-        from .compilecache import restore
+        from ..agent import node_cache_dirs
+        from ..compilecache import restore
 
         r = restore.restore_for_node(p.compile_cache.uri, p.compile_cache.verify_key, serving_spec(t.view),
                                      node_cache_dirs(self.opt.mount), self.opt.runtime, host_root=self.opt.host_root,
@@ -318,8 +319,8 @@ class ModelSet:
     def _bytes(self, t: Target) -> int:
         if t.view.model.size_gb is not None:
             return int(t.view.model.size_gb * 1e9)
-        from .s3client import make_client
-        from .weights import listing, manifest, s3pull
+        from ..s3client import make_client
+        from ..weights import listing, manifest, s3pull
 
         retry = s3pull.PullConfig().retry
         listed, _ = listing.list_keys(make_client(1, 5.0, 30.0), manifest.parse_s3_uri(t.view.model.uri), retry)
@@ -331,7 +332,7 @@ class ModelSet:
 
     def _make_room(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> str | None:
         """None when ``t`` fits, after evicting what may go; else why not, with the sizes (nothing evicted)."""
-        from .weights import capacity
+        from ..weights import capacity
 
         need = self._bytes(t)
         need += self.opt.headroom.for_bytes(need)
@@ -339,9 +340,9 @@ class ModelSet:
         free = capacity.free_space(str(t.dest.parent)).free_bytes
         if need <= free:
             return None
-        held = [h for h in modelstore.held(self.models_root) if h.path != t.dest]
+        held = [h for h in store.held(self.models_root) if h.path != t.dest]
         keep = protected(t, wanted, self._used(p), held)
-        plan = modelstore.plan_eviction(held, need, free, keep)
+        plan = store.plan_eviction(held, need, free, keep)
         if not plan.ok:
             return f"{t.name}: {plan.message}"
         for h in plan.evict:
@@ -350,7 +351,7 @@ class ModelSet:
                         f"{h.view}/{h.key} was given up (see the agent's log)")
         return None
 
-    def _evict(self, p: WarmProfile, h: modelstore.Held) -> bool:
+    def _evict(self, p: WarmProfile, h: store.Held) -> bool:
         """Label first (through the controller), then a last look at the pods, then the folder, whole."""
         name = h.view
         m = self.book.get(name)
@@ -370,7 +371,7 @@ class ModelSet:
                 self.book.put(m)
                 self.book.publish()
             return False
-        modelstore.evict(self.models_root, h.path)
+        store.evict(self.models_root, h.path)
         if labelled:
             self.book.drop(name)
             self.book.publish()
@@ -397,10 +398,10 @@ class ModelSet:
         keep = {t.dest for t in wanted}
         used = self._used(p)
         now = time.time()
-        for h in modelstore.held(self.models_root):
+        for h in store.held(self.models_root):
             busy = in_use(h.path, used)
             if busy:
-                modelstore.touch_used(h.path, now)
+                store.touch_used(h.path, now)
                 m = self.book.get(h.view)
                 if m is not None and m.key == h.key:
                     self.book.put(replace(m, last_used=_now()))
