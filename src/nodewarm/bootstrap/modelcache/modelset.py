@@ -3,9 +3,10 @@
 The first model, and every further one marked ``required``, is pulled before the node reports Warm (agent.py,
 ``AgentConfig.extras``). The rest are this module's: once the node serves, one background thread pulls them in
 priority order, throttled (spec.weights.background: few connections, a bandwidth cap, the lowest CPU priority), so
-the serving pods' own I/O and CPU come first. The same thread rolls a further model to a new generation beside the
-old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes folders no
-pod uses any more.
+the serving pods' own I/O and CPU come first. Each is warmed as the agent warms its models (warmer.py: its weights,
+from peers too when they are on, and its compile cache). The same thread rolls a further model to a new generation
+beside the old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes
+folders no pod uses any more.
 
 Everything the node holds is reported on its Node (names.MODELS_ANNOTATION, api.models.HeldModel); the controller
 alone turns that report into the models' labels, which the models' Deployments require. So a model's files go only
@@ -39,12 +40,15 @@ from nodewarm.api.generation import generation
 from nodewarm.api.models import EVICTING, FAILED, NO_CAPACITY, PULLING, WARM, HeldModel
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.podlayout import MODELS_ROOT
+from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.warmprofile import WarmProfile
 
 from .. import profilesource
 from ..weights.manifest import STATE_DIR
 from . import store
+from .background import pull_overrides
+from .warmer import Model, Warmer
 
 log = logs.get("bootstrap.models")
 
@@ -62,6 +66,11 @@ class Target:
     @property
     def name(self) -> str:
         return self.view.name
+
+    @property
+    def model(self) -> Model:
+        return Model(self.name, self.view.model.uri, self.dest, self.generation, serving_spec(self.view), self.required,
+                     self.priority)
 
 
 def targets(p: WarmProfile, mount: Path) -> tuple[Target, ...]:
@@ -197,6 +206,7 @@ class ModelSet:
     def __init__(self, api, opts, book: Book, stop: threading.Event, node_labels=None):
         self.api, self.opt, self.book, self.stop = api, opts, book, stop
         self.node_labels = dict(node_labels or {})
+        self.peering = None     # peers.peering.Peering while the profile has peers on (the Follower's)
         self._profile: WarmProfile | None = None
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,6 +267,7 @@ class ModelSet:
         pending = (replace(old, pending=t.generation, reason="", message="") if serving else
                    HeldModel(t.name, PULLING, key=t.dest.name, required=t.required, priority=t.priority,
                              pending=t.generation))
+        m, warmer = t.model, self._warmer(p)
         try:
             short = self._make_room(p, t, wanted)
             if short is not None:
@@ -264,17 +275,21 @@ class ModelSet:
                 return
             self.book.put(pending)
             self.book.publish()
-            summary = self._pull(p, t)
+            # Files with the same bytes in any folder held verified are linked, not pulled (a roll's unchanged ones).
+            others = tuple(h.path for h in store.held(self.models_root) if h.complete and h.path != t.dest)
+            summary = warmer.weights(m, stop=self.stop, link_from=others,
+                                     pull_overrides=pull_overrides(p.weights.background))
         except NodewarmError as e:
             self._failed(t, pending, old, serving, e.reason, " ".join(str(e).split()))
             return
-        cache = self._compile_cache(p, t)
+        # Beside the other models' bundles; the publisher's hit/miss baseline stays the first model's.
+        cache = warmer.compile_cache(m)
         self.results[t.name] = {"generation": t.generation, "downloadedBytes": summary.downloaded_bytes,
                                 "linkedFiles": summary.linked_files, "linkedBytes": summary.linked_bytes,
-                                "files": summary.files, "bytes": summary.bytes, "compileCache": cache}
+                                "files": summary.files, "bytes": summary.bytes,
+                                "compileCache": f"{cache.status} {cache.reason}"}
         store.touch_used(t.dest, time.time())
-        self.book.put(HeldModel(t.name, WARM, t.generation, key=t.dest.name, bytes=summary.bytes,
-                                required=t.required, priority=t.priority, last_used=_now()))
+        self.book.put(m.held(summary, _now()))
         self.book.publish()
         log.info("models.warm", model=t.name, generation=t.generation, previous=old.generation if serving else None,
                  **{k: v for k, v in self.results[t.name].items() if k != "generation"})
@@ -290,30 +305,13 @@ class ModelSet:
             self.book.put(replace(pending, state=FAILED, reason=reason, message=message))
         self.book.publish()
 
-    def _pull(self, p: WarmProfile, t: Target):
-        from ..weights import WeightsConfig, warm_weights
-        from .background import pull_overrides
-
-        others = tuple(h.path for h in store.held(self.models_root) if h.complete and h.path != t.dest)
-        return warm_weights(WeightsConfig(
-            uri=t.view.model.uri, dest=t.dest, allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
-            host_root=self.opt.host_root, load_check=self.opt.load_check, stop=self.stop, link_from=others,
-            headroom=self.opt.headroom, pull_overrides=pull_overrides(p.weights.background)))
-
-    def _compile_cache(self, p: WarmProfile, t: Target) -> str:
-        """This model's compile-cache bundle beside the others' (best effort: a cold cache only makes its first
-        compile slower). The publisher's hit/miss baseline stays the first model's."""
-        if not p.compile_cache.verify_key:
-            return "cold NoVerifyKey"
-        from nodewarm.api.servingspec import serving_spec
-
-        from ..agent import node_cache_dirs
-        from ..compilecache import restore
-
-        r = restore.restore_for_node(p.compile_cache.uri, p.compile_cache.verify_key, serving_spec(t.view),
-                                     node_cache_dirs(self.opt.mount), self.opt.runtime, host_root=self.opt.host_root,
-                                     node_labels=self.node_labels)
-        return f"{r.status} {r.reason}"
+    def _warmer(self, p: WarmProfile) -> Warmer:
+        """How this node warms ``p``'s models now (the profile's settings as they are at this round)."""
+        return Warmer(mount=self.opt.mount, host_root=self.opt.host_root,
+                      allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
+                      load_check=self.opt.load_check, headroom=self.opt.headroom,
+                      compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key,
+                      runtime=self.opt.runtime, node_labels=self.node_labels, peering=self.peering)
 
     # -- room ----------------------------------------------------------------------------------------------
     def _bytes(self, t: Target) -> int:
@@ -372,6 +370,8 @@ class ModelSet:
                 self.book.publish()
             return False
         store.evict(self.models_root, h.path)
+        if self.peering is not None:
+            self.peering.forget(h.key)
         if labelled:
             self.book.drop(name)
             self.book.publish()

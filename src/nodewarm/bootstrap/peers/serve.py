@@ -2,8 +2,9 @@
 
 A peer asks ``GET /v1/objects/<rel path>?etag=<etag>`` with one closed ``Range`` and a signed ``Authorization``
 (auth.py). The signature is checked before anything else, so a request without it learns nothing, not even
-which files exist. What may be served is exactly the manifest's objects (``Holdings``), by path and ETag: a
-traversal, nodewarm's own ``.nodewarm/`` files or anything else under DEST is simply not one of them (404). A
+which files exist. What may be served is exactly the manifests' objects (a ``Holdings`` per model folder, a ``Shelf``
+of them for every model the node serves), by path and ETag: a traversal, nodewarm's own ``.nodewarm/`` files or
+anything else under DEST is simply not one of them (404). A
 verified file serves any range; a file still being pulled serves only the parts its journal lists (s3pull.py writes
 a journal line after the part's bytes are in the page cache), anything else there is 416. Every file is opened
 under DEST without following a link (confined.py): DEST's subfolders are not ours alone to trust.
@@ -87,9 +88,46 @@ class Holdings:
                 return None
             return obj, rel_path in self._verified
 
+    def find(self, rel_path: str, etag: str) -> tuple[Holdings, RemoteObject, bool] | None:
+        """``lookup``, with where: what the server asks of a Holdings or a Shelf alike."""
+        found = self.lookup(rel_path, etag)
+        return None if found is None else (self, *found)
+
     def summary(self) -> dict:
         with self._lock:
             return {"files": len(self._verified), "bytes": sum(self._objects[r].size for r in self._verified)}
+
+
+class Shelf:
+    """Every model this node serves, one Holdings per model key. A request names an object by its path and ETag only:
+    whichever model holds it serves it, a verified copy first (a roll links a file into two folders)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._models: dict[str, Holdings] = {}
+
+    def put(self, model: str, holdings: Holdings) -> None:
+        with self._lock:
+            self._models[model] = holdings
+
+    def drop(self, model: str) -> None:
+        with self._lock:
+            self._models.pop(model, None)
+
+    def get(self, model: str) -> Holdings | None:
+        with self._lock:
+            return self._models.get(model)
+
+    def find(self, rel_path: str, etag: str) -> tuple[Holdings, RemoteObject, bool] | None:
+        with self._lock:
+            models = list(self._models.values())
+        found = None
+        for holdings in models:
+            hit = holdings.find(rel_path, etag)
+            if hit is not None and hit[2]:
+                return hit
+            found = found or hit
+        return found
 
 
 class _NotHeld(Exception):
@@ -182,23 +220,23 @@ class _Handler(BaseHTTPRequestHandler):
         if not url.path.startswith(PREFIX) or list(query) != ["etag"] or len(query["etag"]) != 1:
             raise _NotHeld(404, "not an object request")
         rel = unquote(url.path[len(PREFIX):])
-        held = self.server.holdings.lookup(rel, query["etag"][0])
-        if held is None:
-            raise _NotHeld(404, "not one of the model's objects at that ETag")
-        obj, verified = held
+        found = self.server.holdings.find(rel, query["etag"][0])
+        if found is None:
+            raise _NotHeld(404, "not one of the models' objects at that ETag")
+        holdings, obj, verified = found
         m = _RANGE.fullmatch(rng)
         if m is None:
             raise _NotHeld(416, "one closed range 'bytes=a-b' is required")
         first, last = int(m[1]), int(m[2])
         if first > last or last >= obj.size:
             raise _NotHeld(416, f"range {first}-{last} is not inside the object's {obj.size} bytes")
-        dest = self.server.holdings.dest
+        dest = holdings.dest
         if not verified:
             fd = self._open_partial(dest, obj, first, last)
             if fd is not None:
                 return fd, first, last, obj.size
             # The pull may have renamed it into place since we looked.
-            held = self.server.holdings.lookup(rel, obj.etag)
+            held = holdings.lookup(rel, obj.etag)
             if held is None or not held[1]:
                 raise _NotHeld(404, "neither verified nor being pulled here")
         fd = _open_file(dest, PurePosixPath(obj.rel_path), obj.size)
@@ -354,9 +392,10 @@ def _refuse(conn: socket.socket) -> None:
 
 
 class PeerServer:
-    """Serves ``holdings`` to signed peer requests on ``host:port`` (port 0: an ephemeral one, for tests)."""
+    """Serves ``holdings`` (one model's Holdings, or a Shelf of them) to signed peer requests on ``host:port`` (port 0:
+    an ephemeral one, for tests)."""
 
-    def __init__(self, host: str, port: int, holdings: Holdings, keys: Callable[[], PeerKeys | None],
+    def __init__(self, host: str, port: int, holdings: Holdings | Shelf, keys: Callable[[], PeerKeys | None],
                  max_connections: int, max_bytes_per_s: float):
         try:
             ip = ipaddress.ip_address(host)
