@@ -12,7 +12,7 @@ them alike:
 
 * alone: nothing else runs;
 * background: model B (random bytes in safetensors files, B_MIB in all) is pulled from the same S3 server with
-  ``warm_weights`` and the profile's default spec.weights.background (weights.background.pull_overrides);
+  ``warm_weights`` and the profile's default spec.weights.background (modelcache.background.pull_overrides);
 * unthrottled: B is pulled with the agent's default settings, as the node's first model is.
 
 B's pull runs in its own process, as the agent's does, and starts over into a fresh folder whenever it ends until
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from nodewarm import profile
-    from nodewarm.bootstrap.weights.background import pull_overrides
+    from nodewarm.bootstrap.modelcache.background import pull_overrides
     from nodewarm_dev.testenv import enginenode, podrun, s3server
     from nodewarm_dev.testenv.ports import free_port
 

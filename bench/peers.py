@@ -6,13 +6,13 @@ The model (FILES safetensors-sized objects) sits in a local S3 server (rclone) b
 everything S3 sends, all nodes together, to --s3-mbps: a stand-in for an S3 prefix's request rate or a VPC
 endpoint, the limit a fleet meets before its NICs. For each N, N agent processes (one per "node", each on its own
 loopback address 127.0.0.<i>) start together, first pulling as today (S3 only), then with peers: each serves what it
-holds (peerserve.py) and reads from the others first (peerfetch.py), every byte verified against S3's checksums
+holds (peers/serve.py) and reads from the others first (peers/fetch.py), every byte verified against S3's checksums
 either way. A node keeps serving until every node is done, as a warm node's agent does.
 
 Per N and mode it prints and writes (bench/results/peers-<time>.json): the bytes S3 sent (the proxy's count) as a
 multiple of the model's size, the seconds until the last node was done, and for peers the serving side's CPU per GB
 (the peer servers' request threads' CPU time over the bytes they served). Discovery is the directory a node would
-build from the Nodes' annotations, given here up front (tests/bootstrap/test_peering.py covers the API side). All
+build from the Nodes' annotations, given here up front (tests/bootstrap/peers/test_peering.py covers the API side). All
 processes share this machine's cores: compare numbers within one run only; never read them as a node's speed.
 """
 
@@ -47,9 +47,9 @@ def node_main(spec_path: str) -> None:
     """One node: wait for the common start, pull (with or without peers), keep serving until all are done."""
     from nodewarm.bootstrap.weights import WeightsConfig, warm_weights
     from nodewarm.bootstrap.weights.capacity import Headroom
-    from nodewarm.bootstrap.weights.peerauth import PeerKeys
-    from nodewarm.bootstrap.weights.peerfetch import Peer, PeerSource
-    from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer
+    from nodewarm.bootstrap.peers.auth import PeerKeys
+    from nodewarm.bootstrap.peers.fetch import Peer, PeerSource
+    from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
 
     spec = json.loads(Path(spec_path).read_text())
     os.environ.update(spec["env"])

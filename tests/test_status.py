@@ -19,6 +19,7 @@ from nodewarm.status.observed import Observed
 from nodewarm.status.rows import rows
 from nodewarm.status.text import format_explanation, format_rows, held_notes
 from nodewarm.bootstrap import agent
+from nodewarm.bootstrap.modelcache import warmer
 from nodewarm.bootstrap.weights import progress as wprogress
 from support.builders import condition, node, nodeclaim, v
 from nodewarm.api.errors import NodewarmError
@@ -488,7 +489,7 @@ def test_agent_wires_the_pull_progress_and_its_timeline_into_live_progress(monke
         return WeightsSummary(ok=True, reason="WeightsVerified", message="", uri=cfg.uri, dest=str(cfg.dest), files=1,
                               bytes=60, downloaded_bytes=60)
 
-    monkeypatch.setattr(agent, "warm_weights", fake_warm_weights)
+    monkeypatch.setattr(warmer, "warm_weights", fake_warm_weights)
     written, lock = [], threading.Lock()
 
     def write(ann):

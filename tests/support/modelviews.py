@@ -8,7 +8,7 @@ from pathlib import Path
 from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.names import MODEL_LABEL_PREFIX
-from nodewarm.bootstrap import modelset
+from nodewarm.bootstrap.modelcache import modelset
 from nodewarm.controller.kube import NODES
 
 

@@ -60,7 +60,8 @@ CONTROLLER_NAMESPACE = "nodewarm"
 
 # Peers before S3 (docs/peers.md). The node agent writes PEER_ANNOTATION on its own Node: JSON {"profile",
 # "endpoint" ("<InternalIP>:<port>"), "model" (api.generation.model_key), "state" (pulling|warm), "files", "bytes",
-# "at"}; other agents of the profile find it with a watch and read parts from it before S3. The controller mints
+# "at", "also" (the other models it serves: {model key: state})}; other agents of the profile find it with a watch
+# and read parts from it before S3. The controller mints
 # the profile's key Secret (data: PEER_KEY_CURRENT, PEER_KEY_PREVIOUS, 32 random bytes each) in
 # spec.bootstrap.namespace and lets each of the profile's nodes read it by a RoleBinding to system:node:<name>,
 # deleted when the node goes.

@@ -1,8 +1,8 @@
 """The node agent: weights, compile caches and the serving image, together -> the `nodewarm.io/Warm` condition.
 
 (Over 300 lines: the agent's one run is one sequence (three concurrent phases, their timeline, the result and the
-condition it reports); the phases' own work lives in weights, compilecache and imageprepull, and what is here is how
-they are started, timed and reported together.)
+condition it reports); the phases' own work lives in modelcache.warmer (each model's weights and compile cache),
+gpuwait and imageprepull, and what is here is how they are started, timed and reported together.)
 
 This is what the systemd unit (AL2023) and the DaemonSet (Bottlerocket, Auto Mode) run as
 `nodewarm bootstrap run`. The three phases share nothing (the weights' folder, the compile-cache folder,
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from nodewarm import logs
 from nodewarm.api.defaults import default
-from nodewarm.api.models import WARM, HeldModel
+from nodewarm.api.models import HeldModel
 from nodewarm.api.models import encode as encode_models
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
@@ -37,7 +37,7 @@ from nodewarm.api.names import (
     LAUNCH_FAILURE_ANNOTATION, MODELS_ANNOTATION, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION,
     WEIGHTS_ANNOTATION,
 )
-from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, cache_dirs, model_path
+from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, model_path
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
 from nodewarm.api.timeutil import fmt_time
@@ -45,7 +45,8 @@ from nodewarm.api.warmprofile import DEFAULT_PREPULL_TIMEOUT_S
 
 from . import launchrecord
 from .gpuwait import GPU_WAIT_S
-from .weights import WeightsConfig, WeightsSummary, warm_weights
+from .modelcache.warmer import Model, Warmer, node_cache_dirs
+from .weights import WeightsSummary
 from .weights import progress as weights_progress
 from .weights.loadcheck import StreamerTuning
 
@@ -134,27 +135,6 @@ class LiveProgress:
         if self._thread.is_alive():
             self._thread.join()
 
-def node_cache_dirs(mount: Path) -> bundle.CacheDirs:
-    """The host side of the vLLM pods' /compile-cache hostPath (api.podlayout), shared by every model's pods."""
-    from .compilecache.bundle import CacheDirs
-
-    d = {k: Path(v) for k, v in cache_dirs(mount / CACHE_DIR).items()}
-    return CacheDirs(vllm_root=d["vllm"], inductor=d["inductor"], triton=d["triton"], pch=d["pch"],
-                     base=mount / CACHE_DIR)
-
-
-@dataclass(frozen=True)
-class ModelPull:
-    """A further model (spec.models, api.models view) the node must hold before it reports Warm: its weights are
-    pulled after the first model's, in this order, and its compile-cache bundle restored after the first one's."""
-    name: str                   # the view's name
-    uri: str
-    dest: Path
-    generation: str
-    spec: ServingSpec
-    priority: int = 0
-
-
 @dataclass(frozen=True)
 class AgentConfig:
     profile: str
@@ -181,14 +161,25 @@ class AgentConfig:
     progress_report_s: float = PROGRESS_REPORT_S     # in-flight progress on the Node at most this often (0: never)
     engine_check_s: float | None = None             # readiness.engineCheck's timeout; None: no engine check
     serving_namespace: str = default("serving.namespace")   # where the check pod runs (the serving pod's)
-    peering: object | None = field(default=None, compare=False)  # bootstrap.peering.Peering: peers on
-    extras: tuple[ModelPull, ...] = ()              # the required further models, in the order they warm
+    peering: object | None = field(default=None, compare=False)  # peers.peering.Peering: peers on
+    extras: tuple[Model, ...] = ()                  # the required further models, in the order they warm
     report_models: bool = False                     # the profile has spec.models: report names.MODELS_ANNOTATION
     headroom: object | None = None                  # weights.capacity.Headroom; None: the pull's default
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
         return node_cache_dirs(self.mount)
+
+    def first_model(self) -> Model:
+        """The profile's own model (spec.model), reported as required with no priority of its own."""
+        return Model(self.profile, self.model_uri, self.dest, self.generation, self.serving_spec())
+
+    def warmer(self) -> Warmer:
+        """How this node warms each of the profile's models (modelcache.warmer)."""
+        return Warmer(mount=self.mount, host_root=self.host_root, allow_non_nvme=self.allow_non_nvme,
+                      load_check=self.load_check, headroom=self.headroom, compile_cache_uri=self.compile_cache_uri,
+                      verify_key=self.verify_key, runtime=self.runtime, node_labels=self.node_labels,
+                      peering=self.peering)
 
     @property
     def baseline_path(self) -> Path:
@@ -304,34 +295,22 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
         if live is not None:
             live.on_progress(phase, snap)
 
-    peers = holdings = None
-    if cfg.peering is not None:
-        cfg.peering.begin(cfg.dest, cfg.dest.name)  # the weights' folder is named by the model's key
-        peers, holdings = cfg.peering.source(), cfg.peering.holdings
+    warmer = cfg.warmer()
     try:
         # The pull makes its Progress in this thread: the listener set here is the one it calls.
         with weights_progress.listening(heard):
-            summary = warm_weights(WeightsConfig(uri=cfg.model_uri, dest=cfg.dest,
-                                                 allow_non_nvme=cfg.allow_non_nvme, host_root=cfg.host_root,
-                                                 load_check=cfg.load_check, streamer=cfg.streamer, stop=stop,
-                                                 peers=peers, holdings=holdings, **_headroom(cfg)))
-    except NodewarmError as e:
+            summary = warmer.weights(cfg.first_model(), stop=stop, streamer=cfg.streamer)
+    except NodewarmError:
         timeline[Timeline.WEIGHTS_FAILED] = _stamp()
-        if cfg.peering is not None:
-            cfg.peering.failed(e.reason)
         raise
     finally:
         if first_get is not None:
             first_get.set()
-    if cfg.peering is not None:
-        cfg.peering.warm()
     held = [cfg.dest]
     for m in cfg.extras:
         try:
             with weights_progress.listening(heard):
-                pulled = warm_weights(WeightsConfig(uri=m.uri, dest=m.dest, allow_non_nvme=cfg.allow_non_nvme,
-                                                    host_root=cfg.host_root, load_check=cfg.load_check, stop=stop,
-                                                    link_from=tuple(held), **_headroom(cfg)))
+                pulled = warmer.weights(m, stop=stop, link_from=tuple(held))
         except NodewarmError as e:
             timeline[Timeline.WEIGHTS_FAILED] = _stamp()
             raise NodewarmError(f"model {m.name} ({m.uri}): {e}", e.reason) from e
@@ -344,33 +323,22 @@ def _weights(cfg: AgentConfig, timeline: dict[str, str], live: LiveProgress | No
     return summary
 
 
-def _headroom(cfg: AgentConfig) -> dict:
-    return {"headroom": cfg.headroom} if cfg.headroom is not None else {}
-
-
 def _compile_cache(cfg: AgentConfig, timeline: dict[str, str],
                    after: threading.Event | None = None) -> restore.RestoreResult:
     """Restore this node's bundle; with ``after``, once it is set (or CACHE_HEAD_START_MAX_S passed)."""
     if after is not None:
         after.wait(CACHE_HEAD_START_MAX_S)
     # Imported here, not with this module: the signature checks (cryptography) cost ~0.1 s the pull never needs.
-    from .compilecache import hitcheck, restore
+    from .compilecache import hitcheck
 
     timeline[Timeline.COMPILE_CACHE_STARTED] = _stamp()
-    if not cfg.verify_key:
-        cache = restore.RestoreResult("cold", "NoVerifyKey", "compileCache.verifyKey is not set: unsigned "
-                                      "bundles are never restored")
-    else:
-        cache = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(),
-                                         cfg.cache_dirs, cfg.runtime, host_root=cfg.host_root,
-                                         node_labels=cfg.node_labels)
-    # What the publisher judges serving against (a cold node too: it then reports cold and publishes).
+    warmer = cfg.warmer()
+    cache = warmer.compile_cache(cfg.first_model())
+    # What the publisher judges serving against (a cold node too: it then reports cold and publishes): the first
+    # model's alone.
     hitcheck.save_baseline(cfg.baseline_path, cache.as_baseline())
     for m in cfg.extras if cfg.verify_key else ():
-        # Beside the first model's, in the same folders (each bundle's files are under its own hash dirs); the
-        # publisher's baseline stays the first model's. A cold one only makes that model's first compile slower.
-        extra = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, m.spec, cfg.cache_dirs, cfg.runtime,
-                                         host_root=cfg.host_root, node_labels=cfg.node_labels)
+        extra = warmer.compile_cache(m)
         log.info("agent.compile_cache", model=m.name, status=extra.status, reason=extra.reason)
     timeline[Timeline.COMPILE_CACHE_RESTORED if cache.status == "restored" else Timeline.COMPILE_CACHE_COLD] = _stamp()
     log.info("agent.compile_cache", status=cache.status, reason=cache.reason, message=cache.message)
@@ -446,10 +414,7 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
     models = ()
     if cfg.report_models:
         now = _stamp()
-        models = (HeldModel(cfg.profile, WARM, cfg.generation, key=cfg.dest.name, bytes=summary.bytes, required=True,
-                            last_used=now),) + tuple(
-            HeldModel(m.name, WARM, m.generation, key=m.dest.name, bytes=extras[m.name].bytes, required=True,
-                      priority=m.priority, last_used=now) for m in cfg.extras)
+        models = (cfg.first_model().held(summary, now),) + tuple(m.held(extras[m.name], now) for m in cfg.extras)
     return AgentResult(True, "WeightsVerified", message, weights=summary, cache=cache, image=image, gpus=gpus,
                        timeline=timeline, models=models, extras=extras)
 

@@ -45,13 +45,6 @@ Exit status (--once): 0 warm; 1 not warm (the reason is on stderr and in the con
 Without --once it runs until stopped.
 """
 
-def _api_client(kubeconfig: str | None):
-    # The kubernetes client is made on first use, after the pull has started; the reads before it go through
-    # kubeconn's reader (importing kubernetes cost ~0.25 s of the agent's start-up).
-    from .kubeconn import agent_api
-
-    return agent_api(kubeconfig)
-
 
 def _node_name(args: argparse.Namespace) -> str:
     return args.node_name or os.environ.get(NODE_NAME_ENV) or socket.gethostname()
@@ -82,12 +75,13 @@ def _report_not_started(args: argparse.Namespace, e: Exception) -> None:
     """The agent could not even be configured: say so on the node (best effort) rather than stay silent."""
     from nodewarm import logs
 
+    from .kubeconn import agent_api
     from .nodestatus import report_warm
 
     reason = e.reason if isinstance(e, NodewarmError) else "InternalError"
     message = f"the node agent did not start: {type(e).__name__}: {' '.join(str(e).split())}"
     try:
-        report_warm(_api_client(args.kubeconfig), _node_name(args), False, reason, message)
+        report_warm(agent_api(args.kubeconfig), _node_name(args), False, reason, message)
     except Exception as unreported:  # noqa: BLE001 - the original failure is what gets raised
         logs.get("bootstrap.agent").error("agent.not_started_unreported", reason=reason, error=str(unreported))
 
@@ -97,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     import threading
 
     from .follow import Follower
+    from .kubeconn import agent_api
 
     try:
         opts = _follow_options(args)
@@ -114,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, terminate)
-    follower = Follower(_api_client(args.kubeconfig), opts, stop)
+    follower = Follower(agent_api(args.kubeconfig), opts, stop)
     rc = follower.run()
     result = follower.last
     if args.json and result is not None:

@@ -30,7 +30,8 @@ from nodewarm.api.names import GENERATION_LABEL, MODELS_ANNOTATION
 from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import agent, modelset, modelstore, profilesource
+from . import agent, profilesource
+from .modelcache import modelset, store
 from .nodestatus import report_progress, report_warm
 from .weights.capacity import Headroom
 from .weights.loadcheck import StreamerTuning
@@ -70,8 +71,7 @@ def streamer_tuning(p: WarmProfile) -> StreamerTuning:
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,
                  node_labels: dict[str, str] | None = None, peering=None) -> agent.AgentConfig:
     p = r.profile
-    extras = tuple(agent.ModelPull(t.name, t.view.model.uri, t.dest, t.generation, serving_spec(t.view), t.priority)
-                   for t in modelset.targets(p, opts.mount)[1:] if t.required)
+    extras = tuple(t.model for t in modelset.targets(p, opts.mount)[1:] if t.required)
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
@@ -113,7 +113,7 @@ class Follower:
         self.held: profilesource.Resolved | None = None     # the generation this node is warm for
         self.last: agent.AgentResult | None = None
         self._failed_at: float | None = None
-        self.peering = None     # bootstrap.peering.Peering while the profile has peers on
+        self.peering = None     # peers.peering.Peering while the profile has peers on
         # The profile's further models (spec.models): reported on the Node, the ones not required warmed here.
         self.book = modelset.Book(lambda ann: report_progress(api_client, opts.node_name, ann))
         self.models = modelset.ModelSet(api_client, opts, self.book, self.stop)
@@ -126,13 +126,21 @@ class Follower:
             self.peering.close()
             self.peering = None
         if want is not None and self.peering is None:
-            from .peering import Peering
+            from .peers.peering import Peering
 
             try:
                 self.peering = Peering(self.api, self.opt.node_name, p).start()
             except Exception as e:  # noqa: BLE001 - without peers the pull is S3's, as before
                 log.warning("peers.not_started", error=str(e)[:300])
+        self.models.peering = self.peering
         return self.peering
+
+    def _remove(self, folder: Path, why: str) -> None:
+        """An older generation's weights go: from the disk, and from what this node offers its peers."""
+        shutil.rmtree(folder)
+        log.info("weights.removed", dir=str(folder), why=why)
+        if self.peering is not None:
+            self.peering.forget(folder.name)
 
     def close(self) -> None:
         if self.peering is not None:
@@ -247,8 +255,7 @@ class Follower:
         if self.stop.is_set():
             return False
         for d in stale:
-            shutil.rmtree(d)
-            log.info("weights.removed", dir=str(d), why="no room for the new generation and no pod serves the old")
+            self._remove(d, "no room for the new generation and no pod serves the old")
         return True
 
     def collect_garbage(self) -> None:
@@ -262,8 +269,7 @@ class Follower:
         if older_pods(pods, self.held.generation):
             return
         for d in stale:
-            shutil.rmtree(d)
-            log.info("weights.removed", dir=str(d), why="no pod serves that generation on this node")
+            self._remove(d, "no pod serves that generation on this node")
 
     def on_profile(self, obj: dict) -> None:
         r = self._resolve(obj)
@@ -287,7 +293,7 @@ class Follower:
             self.close()
 
     def _run(self) -> int:
-        modelstore.finish_evictions(self.models.models_root)    # a crash mid-eviction: finish it
+        store.finish_evictions(self.models.models_root)    # a crash mid-eviction: finish it
         obj = self._wait_for_profile()
         if obj is None:
             return 1

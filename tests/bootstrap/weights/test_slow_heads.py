@@ -18,8 +18,8 @@ import pytest
 from support.bootstrap_fixtures import model_files, put_model, visible_files, warm
 from nodewarm.bootstrap.s3client import Retryable
 from nodewarm.bootstrap.weights import rangeget
-from nodewarm.bootstrap.weights.peerauth import PeerKeys
-from nodewarm.bootstrap.weights.peerfetch import Peer, PeerSource
+from nodewarm.bootstrap.peers.auth import PeerKeys
+from nodewarm.bootstrap.peers.fetch import Peer, PeerSource
 
 TRICKLE_FOR_S = 20.0
 WINDOW_S = 1.0

@@ -481,7 +481,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
 def roll(srv: servers.Servers, admin, engine: str, doc: dict, agents: dict[str, Agent], observer: Observer,
          second: Path, work: Path, sync: Callable[[], None]) -> dict:
     """Second model v1 -> v2 (one shard changed, a new prefix): what each node linked, pulled and removed."""
-    from nodewarm.bootstrap import modelset
+    from nodewarm.bootstrap.modelcache import modelset
 
     say, names, p = observer.say, observer.names, observer.p
     shard = changed_copy(second, work / "second-v2")

@@ -5,10 +5,10 @@ Used by tests/bootstrap/compilecache/test_publish_restore.py (the phase imports 
 bench/compile_cache.py (its seconds).
 A fresh process because a test or bench process has long imported torch for its own use. It imports what
 the agent imports, makes the S3 client the weights phase makes before this one (so botocore's state is
-what the phase finds in the agent), then calls ``restore_for_node`` with the arguments agent._warm passes,
-derived from an AgentConfig the same way. A finder placed first on sys.meta_path records every attempt to
-import torch, triton or vLLM, also one that fails because the package is absent (the AL2023 host agent has
-no torch, and a guarded import there would hide the dependency).
+what the phase finds in the agent), then restores the first model's bundle as the agent's compile-cache phase
+does, through the AgentConfig's Warmer (modelcache/warmer.py). A finder placed first on sys.meta_path records
+every attempt to import torch, triton or vLLM, also one that fails because the package is absent (the AL2023 host
+agent has no torch, and a guarded import there would hide the dependency).
 
     python -m nodewarm_dev.testenv.restore_probe CONFIG.json
 
@@ -47,7 +47,6 @@ def main() -> None:
 
     from nodewarm.bootstrap.agent import AgentConfig
     from nodewarm.api.servingspec import ServingSpec
-    from nodewarm.bootstrap.compilecache import restore
     from nodewarm.bootstrap.s3client import make_client
 
     doc = json.loads(Path(sys.argv[1]).read_text())
@@ -58,8 +57,7 @@ def main() -> None:
                       node_labels=doc.get("node_labels", {}))
     make_client(4, 5, 60)   # the weights phase's, made before the compile-cache phase in the agent
     start = time.perf_counter()
-    result = restore.restore_for_node(cfg.compile_cache_uri, cfg.verify_key, cfg.serving_spec(), cfg.cache_dirs,
-                                      cfg.runtime, host_root=cfg.host_root, node_labels=cfg.node_labels)
+    result = cfg.warmer().compile_cache(cfg.first_model())
     seconds = time.perf_counter() - start
     print("RESULT:" + json.dumps({
         "status": result.status, "reason": result.reason, "message": result.message,

@@ -226,10 +226,10 @@ def _prove_and_publish(args, store, roots, factors, key, producer, settings, pro
         baseline = hitcheck.Baseline(hitcheck.snapshot(roots), False, "NoBaseline")
     report = None
     if args.node_name:
-        from nodewarm.bootstrap.agent_cli import _api_client
+        from nodewarm.bootstrap.kubeconn import agent_api
         from nodewarm.bootstrap.nodestatus import report_compile_cache
 
-        api = _api_client(args.kubeconfig)
+        api = agent_api(args.kubeconfig)
 
         def report(outcome: str, reason: str, _message: str) -> None:
             report_compile_cache(api, args.node_name, outcome, reason)

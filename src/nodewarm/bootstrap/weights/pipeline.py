@@ -35,8 +35,8 @@ from .verify import UNVERIFIED
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .peerfetch import PeerSource
-    from .peerserve import Holdings
+    from ..peers.fetch import PeerSource
+    from ..peers.serve import Holdings
 
 log = logs.get("bootstrap.weights")
 
@@ -61,7 +61,7 @@ class WeightsConfig:
     progress_interval_s: float = 5.0
     # Set by whoever runs the pull in a thread (the agent, on SIGTERM): the pull ends as PullStopped.
     stop: threading.Event | None = field(default=None, compare=False)
-    # Peers before S3 (bootstrap/peering.py): where parts may come from, and what this node serves to peers.
+    # Peers before S3 (peers/peering.py): where parts may come from, and what this node serves to peers.
     peers: "PeerSource | None" = field(default=None, compare=False)
     holdings: "Holdings | None" = field(default=None, compare=False)
     # Folders of other models this node holds (on DEST's filesystem): a file of theirs verified with the same bytes

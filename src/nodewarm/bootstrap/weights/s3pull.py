@@ -43,7 +43,8 @@ from nodewarm.api.errors import NodewarmError
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, S3Unavailable, call_with_retries
-from . import peerfetch, rangeget, throttle
+from ..peers import fetch as peerfetch
+from . import rangeget, throttle
 from .manifest import RemoteObject
 from .partial import parse_journal, partial_paths
 from .progress import Progress
@@ -129,7 +130,7 @@ class _File:
         self.missing = [i for i in range(self.n_parts) if i not in self.done]
         self.remaining = len(self.missing)
         self.resumed_bytes = sum(self.part_len(i) for i in self.done)
-        # Peers (peerfetch.py): which parts came from which peer, when each part began to wait for its owner, and
+        # Peers (peers/fetch.py): which parts came from which peer, when each part began to wait for its owner, and
         # whether this file now comes from S3 alone (a file with a peer's part failed verification).
         self.from_peer: dict[int, str] = {}
         self.waiting_since: dict[int, float] = {}
@@ -326,7 +327,7 @@ class _Pull:
         self.lock = threading.Lock()
         self.all_done = threading.Event()
         self.tasks: queue.Queue = queue.Queue()
-        # Parts waiting for the peer that owns them (peerfetch.py): (when to ask again, seq, file, part), taken only
+        # Parts waiting for the peer that owns them (peers/fetch.py): (when to ask again, seq, file, part), taken only
         # when no other part is queued, so a worker never idles while there is work it can do.
         self.deferred: list[tuple[float, int, _File, int]] = []
         self._deferred_seq = 0
@@ -434,7 +435,7 @@ class _Pull:
     def _fetch(self, f: _File, i: int, conn: "_Conn", peer_conns: peerfetch.PeerConnections,
                buf: memoryview) -> bytes | None:
         """Part ``i`` from a peer when one may give it, else from S3; its digest, or None: wait for its owner
-        (peerfetch.py) and come back to it."""
+        (peers/fetch.py) and come back to it."""
         if self.peers is not None and not f.s3_only:
             off, length, skip = i * f.part_size, f.part_len(i), set()
             while True:
@@ -674,6 +675,6 @@ def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, confi
     Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
     were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
     a full disk). ``stop`` set (the agent is being stopped) ends the pull the same way, as PullStopped.
-    ``peers`` set: parts come from peers of the profile first (peerfetch.py), verified all the same.
+    ``peers`` set: parts come from peers of the profile first (peers/fetch.py), verified all the same.
     """
     _Pull(client, bucket, dest, config, progress, on_file, stop, peers).run(objects)

@@ -1,5 +1,5 @@
 """Keeping nodewarm's transfers behind the node's own work: one bandwidth cap over many connections (the peer
-server's outgoing bytes, peerserve.py; a background pull's incoming bytes, s3pull.py) and a lower CPU and I/O
+server's outgoing bytes, peers/serve.py; a background pull's incoming bytes, s3pull.py) and a lower CPU and I/O
 priority for the threads of a pull that runs while the node serves."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Peers phase -> condition Peers: the profile's peer key Secret, and which nodes may read it (issue #34).
 
 Agents of one profile serve each other model parts over HTTP, signed with an HMAC of a key only they hold
-(nodewarm/bootstrap/weights/peerauth.py). The controller mints that key as a Secret in spec.bootstrap.namespace
+(nodewarm/bootstrap/peers/auth.py). The controller mints that key as a Secret in spec.bootstrap.namespace
 (data ``current`` and ``previous``, 32 random bytes each), rotates it every spec.weights.peers.keyRotation
 (previous := current, so requests signed just before a rotation still verify), and lets exactly the profile's
 nodes read it: a Role allowing ``get`` on that one Secret, and one RoleBinding per Node (User system:node:<name>)

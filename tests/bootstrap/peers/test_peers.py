@@ -13,9 +13,9 @@ import pytest
 
 from nodewarm_dev.testenv.faultproxy import FaultProxy, Reset, Trickle
 from support.bootstrap_fixtures import model_files, put_model, visible_files, warm
-from nodewarm.bootstrap.weights.peerauth import PeerKeys
-from nodewarm.bootstrap.weights.peerfetch import Peer, PeerSource
-from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer
+from nodewarm.bootstrap.peers.auth import PeerKeys
+from nodewarm.bootstrap.peers.fetch import Peer, PeerSource
+from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
 
 pytestmark = pytest.mark.s3
 

@@ -1,13 +1,15 @@
-"""The agent's part in peers before S3 (docs/peers.md): serve what this node holds, find the others, keep the key.
+"""The agent's part in peers before S3 (docs/peers.md): serve every model this node pulls, find the others, keep the
+key.
 
 Started by the Follower when the profile has ``spec.weights.peers.enabled``, and alive as long as the agent, so a
 warm node keeps feeding nodes that scale up after it. With the node's own identity it:
 
 * reads the profile's key from the Secret the controller mints (a RoleBinding lets only this profile's nodes
   read it), again every KEY_REFRESH_S so a rotation reaches it well inside the previous key's grace period;
-* serves on its Node's InternalIP and the profile's port only (weights/peerserve.py);
-* says where it serves and what it holds in its own Node's PEER_ANNOTATION (through ``nodes/status``, like its other
-  reports), and follows the profile's Nodes with one list and a watch for the others';
+* serves on its Node's InternalIP and the profile's port only (serve.py);
+* says where it serves and which models it holds, each pulling or warm, in its own Node's PEER_ANNOTATION (through
+  ``nodes/status``, like its other reports), and follows the profile's Nodes with one list and a watch for the
+  others';
 * stops serving and withdraws the annotation as soon as its Node is cordoned or marked for drain.
 
 Any failure here only means fewer peers: a pull without peers is the pull without this module.
@@ -26,12 +28,12 @@ from nodewarm.api.names import (
 )
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import podwatch, profilesource
-from .nodestatus import report_progress
-from .weights import peerdirectory
-from .weights.peerauth import PeerKeys
-from .weights.peerfetch import Peer, PeerSource
-from .weights.peerserve import Holdings, PeerServer
+from .. import podwatch, profilesource
+from ..nodestatus import report_progress
+from . import directory
+from .auth import PeerKeys
+from .fetch import Peer, PeerSource
+from .serve import Holdings, PeerServer, Shelf
 
 log = logs.get("bootstrap.peering")
 
@@ -46,20 +48,22 @@ DIRECTORY_WAIT_S = 5.0
 
 
 class Peering:
+    """This node's part in its profile's peers, for every model it pulls (modelcache/warmer.py begins each pull here)."""
+
     def __init__(self, api_client, node_name: str, profile: WarmProfile):
         self.api, self.node_name, self.profile = api_client, node_name, profile
         self.cfg = profile.weights.peers
         self._done = threading.Event()  # close() was called: the agent is stopping
         self.lock = threading.Lock()
-        self._nodes: dict[str, dict] = {}  # the profile's Nodes as last seen
         self._listed = threading.Event()   # the first list is in
         self._keys: PeerKeys | None = None
-        self._peers: dict[str, Peer] = {}
+        self._peers: dict[str, list[Peer]] = {}    # model key -> the other nodes that offer it
         self.server: PeerServer | None = None
-        self.holdings: Holdings | None = None
+        self.shelf = Shelf()                        # what the server serves: every model begun and not dropped
+        # model key -> what this node says of it (pulling|warm), in the order begun: the first one names the entry.
+        self._states: dict[str, str] = {}
+        self.holdings: Holdings | None = None       # the last pull begun's
         self.host: str | None = None
-        self.model = ""
-        self.state: str | None = None  # what this node last said it is (pulling|warm), once it has a key to say it
         self.withdrawn: str | None = None  # why this node no longer serves (cordoned, draining)
         self._threads: list[threading.Thread] = []
 
@@ -68,17 +72,17 @@ class Peering:
         with self.lock:
             return self._keys
 
-    def directory(self) -> list[Peer]:
+    def directory(self, model: str) -> list[Peer]:
         with self.lock:
-            return list(self._peers.values())
+            return list(self._peers.get(model, ()))
 
-    def source(self) -> PeerSource:
-        return PeerSource(self.node_name, self.directory, self.keys)
+    def source(self, model: str) -> PeerSource:
+        return PeerSource(self.node_name, lambda: self.directory(model), self.keys)
 
     # -- life ----------------------------------------------------------------------------------------------
     def start(self) -> "Peering":
         node = profilesource.get_node(self.api, self.node_name)
-        self.host = peerdirectory.internal_ip(node)
+        self.host = directory.internal_ip(node)
         if self.host is None:
             log.warning("peers.no_internal_ip", node=self.node_name, then="this node reads from peers but serves none")
         self._read_keys()
@@ -90,47 +94,69 @@ class Peering:
             log.warning("peers.directory_late", waited_s=DIRECTORY_WAIT_S, then="pulling; peers join as the list comes")
         return self
 
-    def begin(self, dest: Path, model: str) -> None:
-        """A pull of ``model`` into ``dest`` starts: serve its files from there, say so."""
+    def begin(self, dest: Path, model: str) -> tuple[PeerSource, Holdings]:
+        """A pull of ``model`` (its key) into ``dest`` starts: serve its files from there as they are verified, say
+        so, and read from the nodes that offer it. Returns what the pull takes (WeightsConfig.peers, .holdings)."""
+        holdings = Holdings(dest)
         with self.lock:
-            self.model = model
-            nodes = dict(self._nodes)
-        self._look(nodes)  # the directory is per model
-        self.holdings = Holdings(dest)
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self.host is not None and self.withdrawn is None:
-            try:
-                self.server = PeerServer(self.host, self.cfg.port, self.holdings, self.keys, self.cfg.max_connections,
-                                         self.cfg.max_mbps * 1e6).start()
-            except (OSError, ValueError) as e:  # the port taken, the address not this host's: read, never serve
-                log.warning("peers.not_serving", address=f"{self.host}:{self.cfg.port}", error=str(e)[:300],
-                            then="this node reads from peers but serves none")
+            self._states[model] = "pulling"
+            self.holdings = holdings
+        self.shelf.put(model, holdings)
+        with self.lock:     # one server for every model, even when two pulls begin at once (the first model's roll)
+            if self.server is None and self.host is not None and self.withdrawn is None:
+                try:
+                    self.server = PeerServer(self.host, self.cfg.port, self.shelf, self.keys,
+                                             self.cfg.max_connections, self.cfg.max_mbps * 1e6).start()
+                except (OSError, ValueError) as e:  # the port taken, the address not this host's: read, never serve
+                    log.warning("peers.not_serving", address=f"{self.host}:{self.cfg.port}", error=str(e)[:300],
+                                then="this node reads from peers but serves none")
+        self._announce()
+        return self.source(model), holdings
+
+    def warm(self, model: str) -> None:
+        """Every file of ``model`` is verified here: a peer may ask for any part."""
+        with self.lock:
+            if model not in self._states:
                 return
-            self.announce("pulling")
+            self._states[model] = "warm"
+        self._announce()
 
-    def warm(self) -> None:
-        """Every file of the model is verified here: a peer may ask for any part."""
-        self.announce("warm")
+    def failed(self, model: str, why: str) -> None:
+        """The pull of ``model`` failed: stop offering it, or the others would wait for the parts this node owns (up
+        to fetch.WAIT_S each) while it retries only minutes later. The next begin() offers it again."""
+        self._drop(model, f"the pull failed: {why}")
 
-    def failed(self, why: str) -> None:
-        """The pull failed: leave the directory, or the others would wait for the parts this node owns (up to
-        peerfetch.WAIT_S each) while it retries only minutes later. The next begin() announces it again."""
-        self.state = None
-        self._unannounce(f"the pull failed: {why}")
+    def forget(self, model: str) -> None:
+        """``model``'s folder left this node (evicted, or an older generation removed): stop offering it."""
+        self._drop(model, "its folder was removed")
 
-    def announce(self, state: str) -> None:
-        self.state = state
-        if self.server is None or self.withdrawn is not None or self.keys() is None:
+    def _drop(self, model: str, why: str) -> None:
+        with self.lock:
+            if self._states.pop(model, None) is None:
+                return
+            left = bool(self._states)
+        self.shelf.drop(model)
+        if left:
+            self._announce()
+        else:
+            self._unannounce(why)   # leave the directory: this node offers nothing now
+
+    def _announce(self) -> None:
+        """Write this node's entry: every model it serves, each pulling or warm."""
+        with self.lock:
+            states = dict(self._states)
+        if not states or self.server is None or self.withdrawn is not None or self.keys() is None:
             return  # without the key every peer's request would be refused: it is announced once the key is read
-        value = peerdirectory.annotation(self.profile.name, self.host, self.server.address[1], state, self.model,
-                                         self.holdings.summary() if self.holdings else {})
+        first, *others = states
+        held = self.shelf.get(first)
+        value = directory.annotation(self.profile.name, self.host, self.server.address[1], states[first], first,
+                                     held.summary() if held else {}, {m: states[m] for m in others})
         try:
             report_progress(self.api, self.node_name, {PEER_ANNOTATION: value})
-            log.info("peers.announced", state=state, endpoint=f"{self.host}:{self.server.address[1]}")
+            log.info("peers.announced", state=states[first], endpoint=f"{self.host}:{self.server.address[1]}",
+                     models=states)
         except Exception as e:  # noqa: BLE001 - peers find this node later, or never: the pull goes on regardless
-            log.warning("peers.announce_failed", state=state, error=str(e)[:300])
+            log.warning("peers.announce_failed", state=states[first], error=str(e)[:300])
 
     def withdraw(self, why: str) -> None:
         """Stop serving and take this node out of the others' directories."""
@@ -172,8 +198,8 @@ class Peering:
             self._keys = keys
         if changed:
             log.info("peers.key_read", secret=f"{ns}/{name}")
-        if first and self.state is not None:
-            self.announce(self.state)
+        if first:
+            self._announce()
         return True
 
     def _refresh_keys(self) -> None:
@@ -183,21 +209,20 @@ class Peering:
 
     def _look(self, nodes: dict[str, dict]) -> None:
         """The follow's callback on every event: never an answer, so the follow goes on until close()."""
-        with self.lock:
-            self._nodes = nodes
         me = nodes.get(self.node_name)
-        if me is not None and (why := peerdirectory.leaving(me)) is not None:
+        if me is not None and (why := directory.leaving(me)) is not None:
             self.withdraw(why)
-        with self.lock:
-            model = self.model
-        peers = {}
+        peers: dict[str, list[Peer]] = {}
         for name, node in nodes.items():
-            if name != self.node_name and (p := peerdirectory.peer_of(node, self.profile.name, model)) is not None:
-                peers[name] = p
+            if name != self.node_name:
+                for model, p in directory.offers(node, self.profile.name).items():
+                    peers.setdefault(model, []).append(p)
         with self.lock:
-            if peers.keys() != self._peers.keys():
-                log.info("peers.directory", peers=sorted(peers), model=model)
-            self._peers = peers
+            before, self._peers = self._peers, peers
+        for model in sorted(peers.keys() | before.keys()):
+            now = sorted(p.node for p in peers.get(model, ()))
+            if now != sorted(p.node for p in before.get(model, ())):
+                log.info("peers.directory", peers=now, model=model)
         self._listed.set()
 
     def _follow_nodes(self) -> None:

@@ -3,15 +3,16 @@
 The first model, and every further one marked ``required``, is pulled before the node reports Warm (agent.py,
 ``AgentConfig.extras``). The rest are this module's: once the node serves, one background thread pulls them in
 priority order, throttled (spec.weights.background: few connections, a bandwidth cap, the lowest CPU priority), so
-the serving pods' own I/O and CPU come first. The same thread rolls a further model to a new generation beside the
-old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes folders no
-pod uses any more.
+the serving pods' own I/O and CPU come first. Each is warmed as the agent warms its models (warmer.py: its weights,
+from peers too when they are on, and its compile cache). The same thread rolls a further model to a new generation
+beside the old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes
+folders no pod uses any more.
 
 Everything the node holds is reported on its Node (names.MODELS_ANNOTATION, api.models.HeldModel); the controller
 alone turns that report into the models' labels, which the models' Deployments require. So a model's files go only
 after its label: the agent reports it ``evicting``, waits until the label is gone, looks again that no pod on the
 node mounts it (the API's pods, not a guess), and only then removes the folder, whole or not at all
-(modelstore.evict; a crash in between is finished at the next start).
+(store.evict; a crash in between is finished at the next start).
 
 "A pod on the node mounts it" counts the users of the models, never the agent itself: on the DaemonSet path (Auto
 Mode, Bottlerocket) the agent's own pod mounts the whole NVMe root, and so does, for a moment during a rolling update,
@@ -39,11 +40,15 @@ from nodewarm.api.generation import generation
 from nodewarm.api.models import EVICTING, FAILED, NO_CAPACITY, PULLING, WARM, HeldModel
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.podlayout import MODELS_ROOT
+from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.warmprofile import WarmProfile
 
-from . import modelstore, profilesource
-from .weights.manifest import STATE_DIR
+from .. import profilesource
+from ..weights.manifest import STATE_DIR
+from . import store
+from .background import pull_overrides
+from .warmer import Model, Warmer
 
 log = logs.get("bootstrap.models")
 
@@ -61,6 +66,11 @@ class Target:
     @property
     def name(self) -> str:
         return self.view.name
+
+    @property
+    def model(self) -> Model:
+        return Model(self.name, self.view.model.uri, self.dest, self.generation, serving_spec(self.view), self.required,
+                     self.priority)
 
 
 def targets(p: WarmProfile, mount: Path) -> tuple[Target, ...]:
@@ -125,7 +135,7 @@ def in_use(folder: Path, used: set[Path]) -> bool:
 
 
 def protected(target: Target, wanted: tuple[Target, ...], used: set[Path],
-              held: list[modelstore.Held]) -> dict[Path, str]:
+              held: list[store.Held]) -> dict[Path, str]:
     """Folders that may not make room for ``target``, each with why (pure)."""
     keep: dict[Path, str] = {target.dest: "being pulled"}
     for t in wanted:
@@ -196,6 +206,7 @@ class ModelSet:
     def __init__(self, api, opts, book: Book, stop: threading.Event, node_labels=None):
         self.api, self.opt, self.book, self.stop = api, opts, book, stop
         self.node_labels = dict(node_labels or {})
+        self.peering = None     # peers.peering.Peering while the profile has peers on (the Follower's)
         self._profile: WarmProfile | None = None
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -256,6 +267,7 @@ class ModelSet:
         pending = (replace(old, pending=t.generation, reason="", message="") if serving else
                    HeldModel(t.name, PULLING, key=t.dest.name, required=t.required, priority=t.priority,
                              pending=t.generation))
+        m, warmer = t.model, self._warmer(p)
         try:
             short = self._make_room(p, t, wanted)
             if short is not None:
@@ -263,17 +275,21 @@ class ModelSet:
                 return
             self.book.put(pending)
             self.book.publish()
-            summary = self._pull(p, t)
+            # Files with the same bytes in any folder held verified are linked, not pulled (a roll's unchanged ones).
+            others = tuple(h.path for h in store.held(self.models_root) if h.complete and h.path != t.dest)
+            summary = warmer.weights(m, stop=self.stop, link_from=others,
+                                     pull_overrides=pull_overrides(p.weights.background))
         except NodewarmError as e:
             self._failed(t, pending, old, serving, e.reason, " ".join(str(e).split()))
             return
-        cache = self._compile_cache(p, t)
+        # Beside the other models' bundles; the publisher's hit/miss baseline stays the first model's.
+        cache = warmer.compile_cache(m)
         self.results[t.name] = {"generation": t.generation, "downloadedBytes": summary.downloaded_bytes,
                                 "linkedFiles": summary.linked_files, "linkedBytes": summary.linked_bytes,
-                                "files": summary.files, "bytes": summary.bytes, "compileCache": cache}
-        modelstore.touch_used(t.dest, time.time())
-        self.book.put(HeldModel(t.name, WARM, t.generation, key=t.dest.name, bytes=summary.bytes,
-                                required=t.required, priority=t.priority, last_used=_now()))
+                                "files": summary.files, "bytes": summary.bytes,
+                                "compileCache": f"{cache.status} {cache.reason}"}
+        store.touch_used(t.dest, time.time())
+        self.book.put(m.held(summary, _now()))
         self.book.publish()
         log.info("models.warm", model=t.name, generation=t.generation, previous=old.generation if serving else None,
                  **{k: v for k, v in self.results[t.name].items() if k != "generation"})
@@ -289,37 +305,20 @@ class ModelSet:
             self.book.put(replace(pending, state=FAILED, reason=reason, message=message))
         self.book.publish()
 
-    def _pull(self, p: WarmProfile, t: Target):
-        from .weights import WeightsConfig, warm_weights
-        from .weights.background import pull_overrides
-
-        others = tuple(h.path for h in modelstore.held(self.models_root) if h.complete and h.path != t.dest)
-        return warm_weights(WeightsConfig(
-            uri=t.view.model.uri, dest=t.dest, allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
-            host_root=self.opt.host_root, load_check=self.opt.load_check, stop=self.stop, link_from=others,
-            headroom=self.opt.headroom, pull_overrides=pull_overrides(p.weights.background)))
-
-    def _compile_cache(self, p: WarmProfile, t: Target) -> str:
-        """This model's compile-cache bundle beside the others' (best effort: a cold cache only makes its first
-        compile slower). The publisher's hit/miss baseline stays the first model's."""
-        if not p.compile_cache.verify_key:
-            return "cold NoVerifyKey"
-        from nodewarm.api.servingspec import serving_spec
-
-        from .agent import node_cache_dirs
-        from .compilecache import restore
-
-        r = restore.restore_for_node(p.compile_cache.uri, p.compile_cache.verify_key, serving_spec(t.view),
-                                     node_cache_dirs(self.opt.mount), self.opt.runtime, host_root=self.opt.host_root,
-                                     node_labels=self.node_labels)
-        return f"{r.status} {r.reason}"
+    def _warmer(self, p: WarmProfile) -> Warmer:
+        """How this node warms ``p``'s models now (the profile's settings as they are at this round)."""
+        return Warmer(mount=self.opt.mount, host_root=self.opt.host_root,
+                      allow_non_nvme=self.opt.allow_non_nvme or p.bootstrap.allow_non_nvme,
+                      load_check=self.opt.load_check, headroom=self.opt.headroom,
+                      compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key,
+                      runtime=self.opt.runtime, node_labels=self.node_labels, peering=self.peering)
 
     # -- room ----------------------------------------------------------------------------------------------
     def _bytes(self, t: Target) -> int:
         if t.view.model.size_gb is not None:
             return int(t.view.model.size_gb * 1e9)
-        from .s3client import make_client
-        from .weights import listing, manifest, s3pull
+        from ..s3client import make_client
+        from ..weights import listing, manifest, s3pull
 
         retry = s3pull.PullConfig().retry
         listed, _ = listing.list_keys(make_client(1, 5.0, 30.0), manifest.parse_s3_uri(t.view.model.uri), retry)
@@ -331,7 +330,7 @@ class ModelSet:
 
     def _make_room(self, p: WarmProfile, t: Target, wanted: tuple[Target, ...]) -> str | None:
         """None when ``t`` fits, after evicting what may go; else why not, with the sizes (nothing evicted)."""
-        from .weights import capacity
+        from ..weights import capacity
 
         need = self._bytes(t)
         need += self.opt.headroom.for_bytes(need)
@@ -339,9 +338,9 @@ class ModelSet:
         free = capacity.free_space(str(t.dest.parent)).free_bytes
         if need <= free:
             return None
-        held = [h for h in modelstore.held(self.models_root) if h.path != t.dest]
+        held = [h for h in store.held(self.models_root) if h.path != t.dest]
         keep = protected(t, wanted, self._used(p), held)
-        plan = modelstore.plan_eviction(held, need, free, keep)
+        plan = store.plan_eviction(held, need, free, keep)
         if not plan.ok:
             return f"{t.name}: {plan.message}"
         for h in plan.evict:
@@ -350,7 +349,7 @@ class ModelSet:
                         f"{h.view}/{h.key} was given up (see the agent's log)")
         return None
 
-    def _evict(self, p: WarmProfile, h: modelstore.Held) -> bool:
+    def _evict(self, p: WarmProfile, h: store.Held) -> bool:
         """Label first (through the controller), then a last look at the pods, then the folder, whole."""
         name = h.view
         m = self.book.get(name)
@@ -370,7 +369,9 @@ class ModelSet:
                 self.book.put(m)
                 self.book.publish()
             return False
-        modelstore.evict(self.models_root, h.path)
+        store.evict(self.models_root, h.path)
+        if self.peering is not None:
+            self.peering.forget(h.key)
         if labelled:
             self.book.drop(name)
             self.book.publish()
@@ -397,10 +398,10 @@ class ModelSet:
         keep = {t.dest for t in wanted}
         used = self._used(p)
         now = time.time()
-        for h in modelstore.held(self.models_root):
+        for h in store.held(self.models_root):
             busy = in_use(h.path, used)
             if busy:
-                modelstore.touch_used(h.path, now)
+                store.touch_used(h.path, now)
                 m = self.book.get(h.view)
                 if m is not None and m.key == h.key:
                     self.book.put(replace(m, last_used=_now()))

@@ -4,7 +4,7 @@ default."""
 from __future__ import annotations
 
 from nodewarm import profile
-from nodewarm.bootstrap.weights.background import pull_overrides
+from nodewarm.bootstrap.modelcache.background import pull_overrides
 from support.builders import v
 
 

@@ -4,7 +4,7 @@ A pull asks ``PeerSource.choose`` for each part. The answer is S3, a peer, or "w
 that are warm hold every file; peers still pulling split the model between them and this node, so that nodes
 scaling up together read each byte from S3 about once. The split is rendezvous hashing over the pulling members
 (this node included): each part has one owner, which fetches it from S3 while the others wait for it and then read
-it from the owner (a peer serves the verified parts of a file it is still pulling, peerserve.py). A member that
+it from the owner (a peer serves the verified parts of a file it is still pulling, serve.py). A member that
 joins or leaves moves only its own share. A part whose owner has not got it yet waits at most ``wait_s``, then
 comes from S3.
 
@@ -30,9 +30,9 @@ from botocore.exceptions import ClientError
 from nodewarm import logs
 
 from ..s3client import Retryable
-from . import peerauth, rangeget
-from .peerauth import PeerKeys
-from .peerserve import object_path
+from ..weights import rangeget
+from . import auth
+from .auth import PeerKeys, object_path
 
 log = logs.get("bootstrap.weights.peers")
 
@@ -150,7 +150,7 @@ class PeerSource:
             raise NotThere(401)
         target = object_path(rel, etag)
         rng = f"bytes={offset}-{offset + length - 1}"
-        headers = {"Range": rng, "Authorization": peerauth.sign(keys, self.me, "GET", target, rng)}
+        headers = {"Range": rng, "Authorization": auth.sign(keys, self.me, "GET", target, rng)}
         with self.lock:
             self.inflight[peer.node] += 1
         try:

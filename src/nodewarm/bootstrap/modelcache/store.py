@@ -24,10 +24,10 @@ from typing import Mapping
 
 from nodewarm import logs
 
-from . import confined
-from .confined import UnsafePath
-from .weights.manifest import MANIFEST_FILE, STATE_DIR
-from .weights.pipeline import SUMMARY_FILE
+from .. import confined
+from ..confined import UnsafePath
+from ..weights.manifest import MANIFEST_FILE, STATE_DIR
+from ..weights.pipeline import SUMMARY_FILE
 
 log = logs.get("bootstrap.modelstore")
 

@@ -1,6 +1,6 @@
-"""The agent's plan for a profile's further models (bootstrap/modelset.py), without servers: the order they warm in,
-which folders a pod uses (read from the pods' hostPath volumes, as the API returns them), and what may never make
-room for what."""
+"""The agent's plan for a profile's further models (bootstrap/modelcache/modelset.py), without servers: the order they
+warm in, which folders a pod uses (read from the pods' hostPath volumes, as the API returns them), and what may never
+make room for what."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from support.builders import v
 from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.names import MODELS_ANNOTATION
-from nodewarm.bootstrap import modelset
-from nodewarm.bootstrap.modelstore import Held
+from nodewarm.bootstrap.modelcache import modelset
+from nodewarm.bootstrap.modelcache.store import Held
 
 MODELS = [{"name": "chat", "uri": "s3://bucket-a/chat/", "sizeGB": 1, "priority": 1},
           {"name": "embed", "uri": "s3://bucket-a/embed/", "sizeGB": 1, "required": True},

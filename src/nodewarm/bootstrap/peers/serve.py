@@ -1,14 +1,15 @@
 """Peers before S3, the serving side: byte ranges of this node's model files for the other nodes of its profile.
 
 A peer asks ``GET /v1/objects/<rel path>?etag=<etag>`` with one closed ``Range`` and a signed ``Authorization``
-(peerauth.py). The signature is checked before anything else, so a request without it learns nothing, not even
-which files exist. What may be served is exactly the manifest's objects (``Holdings``), by path and ETag: a
-traversal, nodewarm's own ``.nodewarm/`` files or anything else under DEST is simply not one of them (404). A
+(auth.py). The signature is checked before anything else, so a request without it learns nothing, not even
+which files exist. What may be served is exactly the manifests' objects (a ``Holdings`` per model folder, a ``Shelf``
+of them for every model the node serves), by path and ETag: a traversal, nodewarm's own ``.nodewarm/`` files or
+anything else under DEST is simply not one of them (404). A
 verified file serves any range; a file still being pulled serves only the parts its journal lists (s3pull.py writes
 a journal line after the part's bytes are in the page cache), anything else there is 416. Every file is opened
 under DEST without following a link (confined.py): DEST's subfolders are not ours alone to trust.
 
-The bytes are not vouched for: the asking node verifies them against S3's checksums like S3's own (peerfetch.py),
+The bytes are not vouched for: the asking node verifies them against S3's checksums like S3's own (fetch.py),
 so a part lost in a host crash and still journaled costs that node a refetch, never a wrong file.
 
 The server listens on one address only (the node's InternalIP, never a wildcard), serves at most
@@ -31,22 +32,21 @@ import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from nodewarm import logs
 
 from .. import confined
 from ..confined import UnsafePath
-from . import peerauth
-from .manifest import RemoteObject, local_rel_path
-from .partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
-from .peerauth import PeerAuthFailed, PeerKeys
-from .throttle import TokenBucket
+from ..weights.manifest import RemoteObject, local_rel_path
+from ..weights.partial import JOURNAL_SUFFIX, PART_SUFFIX, PARTIAL_DIR, parse_journal
+from ..weights.throttle import TokenBucket
+from . import auth
+from .auth import PREFIX, PeerAuthFailed, PeerKeys
 
 log = logs.get("bootstrap.weights.peers")
 
 MiB = 1024**2
-PREFIX = "/v1/objects/"
 # The most one write sends: small enough that the shared bandwidth is split fairly between connections.
 SEND_CHUNK = 1 * MiB
 # A keep-alive connection with no request for this long is closed, so an idle client cannot hold a slot forever.
@@ -56,11 +56,6 @@ IDLE_TIMEOUT_S = 30.0
 REFUSE_DRAIN_S = 1.0
 _RANGE = re.compile(r"bytes=(\d{1,19})-(\d{1,19})")
 
-
-def object_path(obj_rel_path: str, etag: str) -> str:
-    """The request target for one object. The client signs exactly this string (path + query) together with
-    method "GET" and the Range header value."""
-    return f"{PREFIX}{quote(obj_rel_path, safe='/')}?etag={quote(etag, safe='')}"
 
 
 class Holdings:
@@ -93,9 +88,46 @@ class Holdings:
                 return None
             return obj, rel_path in self._verified
 
+    def find(self, rel_path: str, etag: str) -> tuple[Holdings, RemoteObject, bool] | None:
+        """``lookup``, with where: what the server asks of a Holdings or a Shelf alike."""
+        found = self.lookup(rel_path, etag)
+        return None if found is None else (self, *found)
+
     def summary(self) -> dict:
         with self._lock:
             return {"files": len(self._verified), "bytes": sum(self._objects[r].size for r in self._verified)}
+
+
+class Shelf:
+    """Every model this node serves, one Holdings per model key. A request names an object by its path and ETag only:
+    whichever model holds it serves it, a verified copy first (a roll links a file into two folders)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._models: dict[str, Holdings] = {}
+
+    def put(self, model: str, holdings: Holdings) -> None:
+        with self._lock:
+            self._models[model] = holdings
+
+    def drop(self, model: str) -> None:
+        with self._lock:
+            self._models.pop(model, None)
+
+    def get(self, model: str) -> Holdings | None:
+        with self._lock:
+            return self._models.get(model)
+
+    def find(self, rel_path: str, etag: str) -> tuple[Holdings, RemoteObject, bool] | None:
+        with self._lock:
+            models = list(self._models.values())
+        found = None
+        for holdings in models:
+            hit = holdings.find(rel_path, etag)
+            if hit is not None and hit[2]:
+                return hit
+            found = found or hit
+        return found
 
 
 class _NotHeld(Exception):
@@ -132,11 +164,11 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if keys is None:
                 raise PeerAuthFailed("this node has no peer key yet")
-            node = peerauth.verify(keys, self.headers.get("Authorization"), "GET", self.path, rng)
+            node = auth.verify(keys, self.headers.get("Authorization"), "GET", self.path, rng)
         except PeerAuthFailed as e:
             srv.count("refused_auth")
             log.info("peers.refused_auth", client=self.client_address[0], why=str(e))
-            self._reply(401, b"unauthorized\n", {"WWW-Authenticate": peerauth.SCHEME})
+            self._reply(401, b"unauthorized\n", {"WWW-Authenticate": auth.SCHEME})
             return
         try:
             fd, first, last, size = self._open(rng)
@@ -188,23 +220,23 @@ class _Handler(BaseHTTPRequestHandler):
         if not url.path.startswith(PREFIX) or list(query) != ["etag"] or len(query["etag"]) != 1:
             raise _NotHeld(404, "not an object request")
         rel = unquote(url.path[len(PREFIX):])
-        held = self.server.holdings.lookup(rel, query["etag"][0])
-        if held is None:
-            raise _NotHeld(404, "not one of the model's objects at that ETag")
-        obj, verified = held
+        found = self.server.holdings.find(rel, query["etag"][0])
+        if found is None:
+            raise _NotHeld(404, "not one of the models' objects at that ETag")
+        holdings, obj, verified = found
         m = _RANGE.fullmatch(rng)
         if m is None:
             raise _NotHeld(416, "one closed range 'bytes=a-b' is required")
         first, last = int(m[1]), int(m[2])
         if first > last or last >= obj.size:
             raise _NotHeld(416, f"range {first}-{last} is not inside the object's {obj.size} bytes")
-        dest = self.server.holdings.dest
+        dest = holdings.dest
         if not verified:
             fd = self._open_partial(dest, obj, first, last)
             if fd is not None:
                 return fd, first, last, obj.size
             # The pull may have renamed it into place since we looked.
-            held = self.server.holdings.lookup(rel, obj.etag)
+            held = holdings.lookup(rel, obj.etag)
             if held is None or not held[1]:
                 raise _NotHeld(404, "neither verified nor being pulled here")
         fd = _open_file(dest, PurePosixPath(obj.rel_path), obj.size)
@@ -360,9 +392,10 @@ def _refuse(conn: socket.socket) -> None:
 
 
 class PeerServer:
-    """Serves ``holdings`` to signed peer requests on ``host:port`` (port 0: an ephemeral one, for tests)."""
+    """Serves ``holdings`` (one model's Holdings, or a Shelf of them) to signed peer requests on ``host:port`` (port 0:
+    an ephemeral one, for tests)."""
 
-    def __init__(self, host: str, port: int, holdings: Holdings, keys: Callable[[], PeerKeys | None],
+    def __init__(self, host: str, port: int, holdings: Holdings | Shelf, keys: Callable[[], PeerKeys | None],
                  max_connections: int, max_bytes_per_s: float):
         try:
             ip = ipaddress.ip_address(host)

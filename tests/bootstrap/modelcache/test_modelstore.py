@@ -1,4 +1,4 @@
-"""nodewarm.bootstrap.modelstore: the eviction plan (pure) and held/evict/finish_evictions on a real folder tree."""
+"""nodewarm.bootstrap.modelcache.store: the eviction plan (pure) and held/evict/finish_evictions on a real folder tree."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nodewarm.bootstrap import modelstore
+from nodewarm.bootstrap.modelcache import store as modelstore
 from nodewarm.bootstrap.confined import UnsafePath
-from nodewarm.bootstrap.modelstore import GiB, Held
+from nodewarm.bootstrap.modelcache.store import GiB, Held
 
 KEY_A, KEY_B, KEY_C = "a" * 12, "b" * 12, "c" * 12
 

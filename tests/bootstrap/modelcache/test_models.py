@@ -19,7 +19,7 @@ from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.generation import generation
 from nodewarm.api.names import MODELS_ANNOTATION, PROFILE_LABEL
-from nodewarm.bootstrap import modelset
+from nodewarm.bootstrap.modelcache import modelset
 from nodewarm.bootstrap.weights.capacity import Headroom, free_space
 from nodewarm.controller.kube import NODES, Resource
 

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from nodewarm.api.names import PEER_ANNOTATION
-from nodewarm.bootstrap.weights import peerauth, peerdirectory
-from nodewarm.bootstrap.weights.peerfetch import Peer, choose, owner
+from nodewarm.bootstrap.peers import auth as peerauth, directory as peerdirectory
+from nodewarm.bootstrap.peers.fetch import Peer, choose, owner
 
 KEY = peerauth.PeerKeys(b"k" * 32)
 

@@ -1,7 +1,7 @@
 """The peer server against real sockets on loopback: what a signed request gets, what anything else gets, the caps.
 
 A temp DEST holds one verified file and one file still being pulled (its temp file and journal as s3pull.py writes
-them); the client is http.client, signing as peerfetch.py does.
+them); the client is http.client, signing as peers/fetch.py does.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 import pytest
 
 from nodewarm.bootstrap.weights.manifest import RemoteObject
-from nodewarm.bootstrap.weights.peerauth import PeerKeys, sign
-from nodewarm.bootstrap.weights.peerserve import Holdings, PeerServer, object_path
+from nodewarm.bootstrap.peers.auth import PeerKeys, object_path, sign
+from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
 from nodewarm.bootstrap.weights.throttle import TokenBucket
 from nodewarm.bootstrap.weights.partial import partial_paths
 

@@ -1,5 +1,8 @@
 """Who may read from a peer: a request signed with the profile's shared key, bound to its method, path, range and time.
 
+A request names one object of the model's listing by its path and ETag (``object_path``): the client signs that
+target and the server parses it, so both take it from here.
+
 The key never travels: a request carries ``Authorization: NodewarmPeer node=<name>, ts=<unix s>, sig=<hex>``, the
 HMAC-SHA256 of those fields and the request line under the key. Someone who sees the traffic on the node network can
 replay one request for at most MAX_SKEW_S, for the very same bytes, and forge none. The controller rotates the key
@@ -13,10 +16,12 @@ import hmac
 import re
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from nodewarm.api.errors import NodewarmError
 
 SCHEME = "NodewarmPeer"
+PREFIX = "/v1/objects/"
 # A signature older or newer than this is refused: generous for clock skew between nodes (chrony keeps EC2 within
 # milliseconds), short for a replay.
 MAX_SKEW_S = 60
@@ -36,6 +41,12 @@ class PeerKeys:
     def __post_init__(self):
         if len(self.current) < 16:
             raise PeerAuthFailed("the peers' key is shorter than 16 bytes; the controller mints 32")
+
+
+def object_path(obj_rel_path: str, etag: str) -> str:
+    """The request target for one object. The client signs exactly this string (path + query) together with
+    method "GET" and the Range header value."""
+    return f"{PREFIX}{quote(obj_rel_path, safe='/')}?etag={quote(etag, safe='')}"
 
 
 def _mac(key: bytes, node: str, ts: int, method: str, path: str, byte_range: str) -> str:
