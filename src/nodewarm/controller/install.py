@@ -5,7 +5,7 @@
 
 The chart is not a second copy of the manifests: its templates are the objects manifests.py builds, dumped
 to YAML with placeholders where a value goes (namespace, image, replicas, ports, resources, the flags), and
-tests/test_helm.py checks that `helm template` with the default values gives back exactly those objects.
+tests/controller/test_helm.py checks that `helm template` with the default values gives back exactly those objects.
 
 What it holds:
   crds/                        the WarmProfile CRD (Helm installs it before the templates, once; on upgrades
@@ -19,7 +19,7 @@ What it holds:
 The namespace is the release's (``--namespace nodewarm --create-namespace``).
 
 Install (Helm 3.8+; `helm install` creates the CRD and waits until it is served, so WarmProfiles apply right
-after; tests/test_helm.py runs the first line on a bare API server, then creates a WarmProfile at once):
+after; tests/controller/test_helm.py runs the first line on a bare API server, then creates a WarmProfile at once):
   helm install nodewarm deploy/helm/nodewarm --namespace nodewarm --create-namespace --set image.repository=REPO
   nodewarm render -f profile.yaml | kubectl apply --server-side -f -
 Values (values.yaml): image.repository/tag, replicas, leaderElection.enabled, metrics.port, health.port,
