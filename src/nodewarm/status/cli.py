@@ -22,7 +22,7 @@ from .text import format_explanation, format_rows, held_notes
 
 EVENTS_NAMESPACE = "default"                # where Node and NodeClaim events go (nodewarm/controller/events.py)
 
-# What a user running `nodewarm status` needs, and nothing more (tests/test_status.py runs it with exactly this).
+# What a user running `nodewarm status` needs, and nothing more (tests/status/test_status.py runs it with exactly this).
 RBAC_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
     {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["list"]},
