@@ -19,10 +19,7 @@ from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv import realnode
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
-S3_SERVICE = "10.0.0.10:80"             # an S3 Service's ClusterIP and port, in the API server's Service range
-# Kinds v1.20's API server does not serve: policy/v1 is 1.21's, the admission policy 1.30's
-# (tests/nodeclasses/test_admission_policy.py checks that one).
-NOT_SERVED = frozenset({"PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
+S3_SERVICE, NOT_SERVED = kubeenv.S3_SERVICE, kubeenv.NOT_SERVED
 
 
 def warm_condition(node: dict | None) -> dict | None:

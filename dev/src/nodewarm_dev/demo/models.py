@@ -42,6 +42,7 @@ from nodewarm.api.generation import generation
 from nodewarm.api.models import WARM
 from nodewarm.api.names import GENERATION_LABEL, MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.warmprofile import WarmProfile
+from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm.bootstrap.follow import Follower, FollowOptions
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
@@ -50,7 +51,7 @@ from nodewarm.sizing import GB
 
 from . import engine as vllm_engine
 from . import run, seed, servers
-from .run import MODEL_BUCKET, NAMESPACE, NOT_SERVED_HERE, DemoOptions
+from .run import MODEL_BUCKET, NAMESPACE, DemoOptions
 
 log = logs.get("demo.models")
 
@@ -149,7 +150,7 @@ def apply_profile(admin, p: WarmProfile, engine: str) -> tuple[list[dict], list]
     """The rendered objects applied, each model's Deployment as the demo runs it; returns what was rendered (the
     vLLM pods' ConfigMaps) and kubeapply's actions."""
     rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
-    docs = [d for d in rendered if d["kind"] not in ("Deployment", *NOT_SERVED_HERE)]
+    docs = [d for d in rendered if d["kind"] not in ("Deployment", *kubeenv.NOT_SERVED)]
     docs += [deployment(v, engine) for v in models.views(p)]
     return rendered, apply(admin, docs)
 

@@ -35,6 +35,7 @@ from nodewarm.api.agentpod import NAME as AGENT
 from nodewarm.api.names import TIMELINE_ANNOTATION, WARM_CONDITION
 from nodewarm.api.timeutil import parse_time
 from nodewarm.controller.kube import EVENTS, NODES, PODS, Kube
+from nodewarm.nodeclasses import prepull
 from nodewarm_dev.testenv import enginenode, podrun, realnode, vllmclient
 from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv import registry as registry_server
@@ -44,10 +45,7 @@ from . import live
 
 log = logs.get("demo.realnodes")
 
-S3_SERVICE = "10.0.0.10:80"           # the S3 Service's ClusterIP and port, in the API server's Service range
-# The prepull DaemonSet's main container (nodewarm.nodeclasses.prepull): no registry is reachable here, so each node
-# holds a pause image under that name, as an EKS AMI holds its own.
-UPSTREAM_PAUSE = "registry.k8s.io/pause:3.9"
+S3_SERVICE = kubeenv.S3_SERVICE
 BUILD_SCRIPT = podrun.REPO / "scripts" / "build-images.sh"
 POD_TIMEOUT_S = 900
 # One CRI log line: time, stream, P(artial)|F(ull), text (the kubelet's container log format).
@@ -140,7 +138,9 @@ class RealNodes:
                               services={kubeenv.KUBERNETES_SERVICE: self.cluster.server.removeprefix("https://"),
                                         S3_SERVICE: self.s3_endpoint.removeprefix("http://")})
         self.nodes[name] = node
-        node.ctr("images", "tag", realnode.PAUSE_IMAGE, UPSTREAM_PAUSE)
+        # The prepull DaemonSet's main container: no registry is reachable here, so each node holds a pause image
+        # under the renderer's name for it, as an EKS AMI holds its own.
+        node.ctr("images", "tag", realnode.PAUSE_IMAGE, prepull.PAUSE_IMAGE)
         gpus = gpus or (claim and claim["metadata"]["labels"].get("karpenter.k8s.aws/instance-gpu-count"))
         if gpus:
             node.advertise({"nvidia.com/gpu": gpus})

@@ -56,6 +56,7 @@ from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
+from nodewarm_dev.testenv import kube as kubeenv
 
 from . import engine as vllm_engine
 from . import live, realnodes, seed, servers, timeline
@@ -73,8 +74,6 @@ SERVING_IMAGE = "vllm/vllm-openai:v0.32.0"
 PUBLISHER_IMAGE = "registry.example/vllm-openai-nodewarm:v0.32.0"
 SIGNING_SECRET = "demo-signing-key"
 NODE_A = "demo-node-a"             # the first node ever to serve: it compiles and publishes the seed bundle
-# The local v1.20 API server serves no policy/v1 (1.21+) and no ValidatingAdmissionPolicy (1.30+).
-NOT_SERVED_HERE = ("PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 LOG_FILE = "demo-log.jsonl"
 REAL_NODE_RESOURCES = {"cpu": "1", "memory": "6Gi"}
 BOOTSTRAP_TIMEOUT_S = 900
@@ -934,7 +933,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         if rn:
             pod_env = realnodes.runtime_env(srv.s3.env())
             agent_daemonset_env(rendered, srv.s3.env())
-        for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *NOT_SERVED_HERE)]):
+        for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *kubeenv.NOT_SERVED)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
         where = "on a real node (its kubelet and containerd)" if rn else "(real vLLM, CPU)"
         say(f"2. S3 seeded: the tiny Llama ({size_gb * 1e3:.1f} MB, safetensors); WarmProfile, {nodeclass_words(p)}, "
@@ -958,7 +957,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         p = demo_profile(size_gb, verify_key, opts.nodes)
         rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
         # The Deployment is applied as its stand-in later.
-        for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *NOT_SERVED_HERE)]):
+        for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *kubeenv.NOT_SERVED)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
     say(f"3. WarmProfile, {nodeclass_words(p)}, NodePool (startup taint) applied")
 

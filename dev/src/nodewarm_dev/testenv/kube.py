@@ -35,6 +35,9 @@ def kube_bin_dir() -> Path:
 CRDS_ENV = "NODEWARM_CRDS_DIR"
 SERVICE_RANGE = "10.0.0.0/24"
 KUBERNETES_SERVICE = "10.0.0.1:443"       # the first address of SERVICE_RANGE: the `kubernetes` Service
+S3_SERVICE = "10.0.0.10:80"               # an in-cluster S3 Service's ClusterIP, as real nodes' pods reach it
+# Kinds this v1.20 API server does not serve: policy/v1 is 1.21's, the admission policy 1.30's.
+NOT_SERVED = frozenset({"PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 
 
 def crds_dir() -> Path | None:
