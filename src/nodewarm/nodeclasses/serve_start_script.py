@@ -7,6 +7,9 @@ agent is still pulling, or after it failed: the local directory is then absent, 
 vLLM must never read it. This script decides before vLLM starts, logs one line saying which path it took and
 why, and execs vLLM.
 
+(Over 300 lines: it ships whole, one file in a ConfigMap, into an image without nodewarm, so the record check,
+the decision and the exec cannot live in sibling modules.)
+
 It runs in the serving image, which has python3 but not nodewarm: stdlib only, self-contained. nodewarm ships it
 in a ConfigMap rendered per profile (nodewarm.nodeclasses.servestart) and starts it as the container's command:
 
