@@ -138,16 +138,6 @@ def test_deadline_of_a_minute_or_more_is_accepted(deadline):
     assert profile.from_dict(v(spec__readiness__deadline=deadline)).readiness.deadline_s >= 60
 
 
-def test_the_crd_schema_refuses_a_short_deadline_too():
-    import re
-
-    from nodewarm.api.schema import strict_schema
-
-    pattern = strict_schema()["properties"]["spec"]["properties"]["readiness"]["properties"]["deadline"]["pattern"]
-    assert not any(re.match(pattern, d) for d in ("0s", "59s", "0m", "5", "1d"))
-    assert all(re.match(pattern, d) for d in ("60s", "600s", "1m", "20m", "2h"))
-
-
 @pytest.mark.parametrize("value, seconds", [(None, 600), ("90s", 90), ("10m", 600), ("1h", 3600)])
 def test_image_prepull_timeout_defaults_to_ten_minutes(value, seconds):
     p = profile.from_dict(v(spec__bootstrap__imagePrepullTimeout=value))
@@ -160,16 +150,3 @@ def test_a_bad_image_prepull_timeout_names_the_field_and_a_good_value(value):
         profile.from_dict(v(spec__bootstrap__imagePrepullTimeout=value))
     assert e.value.field == "spec.bootstrap.imagePrepullTimeout" and e.value.value == value
     assert "e.g. 90s, 10m" in str(e.value)
-
-
-def test_the_crd_refuses_what_the_cli_refuses_for_the_image_prepull_timeout():
-    """The CRD is generated from the same schema: its pattern is the one the CLI's message explains."""
-    import re
-
-    from nodewarm.api.schema import crd
-
-    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    field = spec["properties"]["bootstrap"]["properties"]["imagePrepullTimeout"]
-    assert "default" not in field       # 10m, or half a shorter readiness.deadline (profile.default_prepull_timeout)
-    assert not any(re.match(field["pattern"], t) for t in ("10 minutes", "0s", "600", "1.5h"))
-    assert all(re.match(field["pattern"], t) for t in ("1s", "90s", "10m", "2h"))

@@ -193,14 +193,6 @@ def test_the_schema_refuses_bad_fields(field, value):
     assert "spec.readiness.engineCheck" in e.value.field
 
 
-def test_the_crd_carries_the_field_with_its_defaults():
-    from nodewarm.api.schema import crd
-
-    ec = (crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-          ["readiness"]["properties"]["engineCheck"])
-    assert ec["properties"]["enabled"]["default"] is False and ec["properties"]["timeout"]["default"] == "10m"
-
-
 @pytest.mark.kube
 def test_the_api_server_accepts_the_rendered_objects(kube, k):
     """A server-side dry run of the PodTemplate, Role and RoleBinding: the real API server's validation."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.warmprofile import WarmProfile
@@ -320,14 +319,6 @@ def test_the_default_prepull_timeout_follows_a_short_deadline(deadline, default)
 def test_a_prepull_timeout_shorter_than_the_deadline_is_kept():
     p, _ = checked(v(spec__bootstrap__imagePrepullTimeout="19m", spec__readiness__deadline="20m"))
     assert p.bootstrap.image_prepull_timeout_s == 19 * 60
-
-
-def test_the_crd_has_no_fixed_prepull_default_that_would_contradict_a_short_deadline():
-    from nodewarm.api.schema import crd
-
-    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert "default" not in spec["properties"]["bootstrap"]["properties"]["imagePrepullTimeout"]
-    assert yaml.safe_dump(crd())       # still one serializable document
 
 
 class _FakeKube:

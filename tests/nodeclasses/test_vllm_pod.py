@@ -8,7 +8,6 @@ import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api.errors import ProfileError
-from nodewarm.api.generation import generation
 from nodewarm.instancetypes import InstanceType
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
@@ -230,17 +229,6 @@ def test_eager_mode_is_refused_unless_allowed(extra):
     c = vllm_container(rendered(v(spec__serving__extraArgs=extra, spec__serving__allowEager=True)))
     eager = [a for a in c["args"] if "eager" in a]
     assert eager == ["--enforce-eager"]     # the one spelling every vLLM parses
-
-
-def test_allowed_eager_mode_is_in_the_compile_cache_key_and_the_generation():
-    plain = profile.from_dict(v(spec__serving__allowEager=True))
-    eager = profile.from_dict(v(spec__serving__extraArgs=["--enforce_eager"], spec__serving__allowEager=True))
-    assert serving_spec(eager).engine["enforce-eager"] == "true"
-    assert "enforce-eager" not in serving_spec(plain).engine and serving_spec(plain) != serving_spec(eager)
-    # Pods of the eager profile select only nodes warmed for it.
-    assert generation(plain) != generation(eager)
-    # allowEager alone changes nothing vLLM gets.
-    assert serving_spec(plain) == serving_spec(profile.from_dict(v()))
 
 
 @pytest.mark.parametrize("extra", [["--no-enforce-eager"], ["--no_enforce_eager"], ["--enforce-eager=false"],

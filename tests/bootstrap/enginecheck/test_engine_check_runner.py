@@ -173,16 +173,6 @@ def test_the_rendered_flags_parse_back_to_what_was_rendered(tmp_path):
     assert runner_args(p.parse_args(a.to_argv())) == a
 
 
-def test_a_result_always_fits_a_termination_message_and_keeps_its_last_lines():
-    lines = tuple(f"line {i} " + "x" * 300 for i in range(50))
-    r = Result(False, Reason.ENGINE_BOOT_FAILED, "m" * 5000, log_tail=lines)
-    text = r.to_json()
-    assert len(text.encode()) <= 4096
-    back = Result.from_json(text)
-    assert back.log_tail and back.log_tail[-1].startswith("line 49 ")      # the newest line is kept, cut
-    assert back.reason == Reason.ENGINE_BOOT_FAILED
-
-
 @pytest.mark.parametrize("line, reason", [
     # vLLM 0.32's words (vllm/v1/core/kv_cache_utils.py, vllm/v1/worker/cpu_worker.py) and torch's OOM.
     ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import partial
 
 import pytest
 
@@ -14,25 +13,13 @@ from nodewarm.controller.nodeclaim import plan as planner
 from nodewarm.api.names import STATE_ANNOTATION
 from nodewarm.api.timeutil import fmt_time, parse_time
 from nodewarm.api.views import ClaimView, NodeView, WarmState
-from support import builders
 from support.builders import TAINT, v
+from support.claimscene import GPU, OTHER, T0, claim_obj, node_obj
 from support.jsonpatch import apply_json_patch
-
-T0 = 1_800_000_000.0
-GPU = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
-OTHER = {"key": "example.com/other", "value": "x", "effect": "NoExecute"}
 
 
 def prof(**kw):
     return profile.from_dict(v(**{"metadata__name": "p1", **kw}))
-
-
-# The scene: claim c1 registered at T0, its node n1 (the guards name its uid) with foreign taints around ours,
-# warm 30 s later.
-claim_obj = partial(builders.nodeclaim, "c1", created=T0 - 70, launched=T0 - 60, registered=T0,
-                    provider_id="aws:///z/i-1")
-node_obj = partial(builders.node, "n1", uid="u-n1", created=T0, provider_id="aws:///z/i-1", taints=(GPU, TAINT, OTHER),
-                   warm="True", warm_at=T0 + 30)
 
 
 def plan(node=None, claim=None, p=None, now=T0 + 31):
@@ -170,12 +157,6 @@ def test_unbound_deleting_or_nodeless_claims_do_nothing():
     assert plan(None, claim=claim_obj(registered=None)).conditions[0].reason == "NotRegistered"
 
 
-def test_state_roundtrip_and_garbage():
-    s = WarmState("p", "c", "Untainted", decided=fmt_time(T0))
-    assert WarmState.from_json(s.to_json()) == s
-    assert WarmState.from_json("{not json") is None and WarmState.from_json(json.dumps({"x": 1})) is None
-
-
 def test_label_values_are_valid():
     assert untaint.label_value("Qwen/Qwen3 35B:fp8") == "Qwen-Qwen3-35B-fp8"
     assert len(untaint.label_value("x" * 100)) == 63
@@ -254,64 +235,6 @@ def test_replace_budget_backs_off_exponentially_and_opens_when_spent():
     assert budget.replace_gate("pool", (T0, T0 + 61, T0 + 300), T0 + 3601 + 300, pol).allowed   # all aged out
     off = budget.replace_gate("pool", (), T0, budget.ReplacePolicy(budget=0))   # --replace-budget 0: never
     assert not off.allowed and off.condition.status == "True"
-
-
-# -- the cached view is a projection --------------------------------------------------------------------
-
-def realistic_node(i: int = 0) -> dict:
-    """~30 KB like a GPU node in a real cluster: 50 images (the kubelet's cap) with 3 names each, 60
-    labels, the usual conditions."""
-    node = node_obj()
-    node["metadata"]["labels"].update({f"label-{j}.example.com/key": f"value-{j}-{i}" for j in range(60)})
-    node["metadata"]["annotations"] = {"node.alpha.kubernetes.io/ttl": "0", "csi.volume.kubernetes.io/nodeid": "{}" * 50,
-                                       "nodewarm.io/compile-cache": "hit"}
-    repo = "123456789012.dkr.ecr.us-west-2.amazonaws.com/ml-platform/inference-serving-team"
-    node["status"]["images"] = [{"names": [f"{repo}/image-{j}@sha256:{'a' * 64}", f"{repo}/image-{j}:v{j}.{i}",
-                                           f"{repo}/image-{j}:latest-build-{i}",
-                                           f"public.ecr.aws/mirror/team/image-{j}:v{j}.{i}"],
-                                 "sizeBytes": 1_000_000_000 + j} for j in range(50)]
-    node["status"]["conditions"] += [{"type": t, "status": "False", "reason": f"Kubelet{t}", "message": "x" * 200,
-                                      "lastHeartbeatTime": fmt_time(T0), "lastTransitionTime": fmt_time(T0)}
-                                     for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")]
-    node["status"]["nodeInfo"] = {k: f"{k}-value-{'x' * 40}" for k in (
-        "machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion",
-        "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture")}
-    return node
-
-
-def _deep_size(o, seen=None) -> int:
-    import sys
-    seen = seen if seen is not None else set()
-    if id(o) in seen:
-        return 0
-    seen.add(id(o))
-    n = sys.getsizeof(o)
-    if isinstance(o, dict):
-        n += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in o.items())
-    elif isinstance(o, (list, tuple, set)):
-        n += sum(_deep_size(x, seen) for x in o)
-    elif hasattr(o, "__dataclass_fields__"):
-        n += sum(_deep_size(getattr(o, f), seen) for f in o.__dataclass_fields__)
-    return n
-
-
-def test_the_cached_node_view_holds_only_the_projected_fields():
-    import dataclasses
-
-    obj = realistic_node()
-    assert len(json.dumps(obj)) > 25_000
-    view = NodeView.from_obj(obj)
-    assert {f.name for f in dataclasses.fields(NodeView)} == {
-        "name", "uid", "provider_id", "created", "deleting", "any_labels", "nodepool", "annotations",
-        "any_annotations", "taints", "warm", "resource_version", "profile", "model_labels"}
-    assert set(view.annotations) == {"nodewarm.io/compile-cache"}       # only ours
-    assert view.any_labels and view.any_annotations
-    assert _deep_size(view) * 10 < len(json.dumps(obj))                  # a small fraction of the object
-    # resourceVersion rides along for guards but a change only in it is no change.
-    bumped = copy.deepcopy(obj)
-    bumped["metadata"]["resourceVersion"] = "999"
-    bumped["metadata"]["labels"]["another"] = "label"
-    assert NodeView.from_obj(bumped) == view
 
 
 def test_register_to_warm_is_timed_by_the_agents_sub_second_warm_report():
