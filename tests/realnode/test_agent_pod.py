@@ -21,7 +21,8 @@ from support.bootstrap_fixtures import model_files, put_model, visible_files
 from support.builders import NO_CACHE, v
 from support.controller_fixtures import wait_for
 from support.modelviews import folder, model_labels, view
-from support.realcluster import agent_pod, joined, warm_condition
+from nodewarm_dev.testenv import agentpod
+from support.realcluster import joined, warm_condition
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow, pytest.mark.realnode]
 
@@ -47,7 +48,7 @@ def test_the_rendered_agent_pod_warms_its_node_and_removes_a_rolled_out_generati
     nvme.mkdir()
     with joined(cluster, image[0], s3, tmp_path, doc, NODE, nvme) as node:
         ns = p.bootstrap.namespace
-        pod = wait_for(lambda: agent_pod(k, ns, NODE), timeout_s=60, what="the DaemonSet controller's agent pod")
+        pod = wait_for(lambda: agentpod.on_node(k, ns, NODE), timeout_s=60, what="the DaemonSet controller's agent pod")
         warm = wait_for(lambda: (warm_condition(k.get(NODES, NODE)) or {}).get("status") == "True"
                         and warm_condition(k.get(NODES, NODE)),
                         timeout_s=240, what="the Node Warm, written by the agent pod")
@@ -137,5 +138,5 @@ def test_a_lower_priority_model_is_evicted_for_one_that_matters_more_beside_the_
         wait_for(lambda: model_labels(k, SMALL_NODE) == {models.label_key(d): generation.generation(d)}, timeout_s=120,
                  what="c evicted and d labelled")
         assert not c_dir.exists() and folder(with_d, small_nvme, d.name).is_dir()
-        assert agent_pod(k, profile.from_dict(doc).bootstrap.namespace, SMALL_NODE)["status"]["phase"] == "Running"
+        assert agentpod.on_node(k, profile.from_dict(doc).bootstrap.namespace, SMALL_NODE)["status"]["phase"] == "Running"
 

@@ -9,14 +9,13 @@ import sys
 from pathlib import Path
 
 from nodewarm import instancetypes, profile
-from nodewarm.api.agentpod import NAME as AGENT
 from nodewarm.api.names import WARM_CONDITION
 from nodewarm.controller.kube import PODS, Kube
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import prepull
 from nodewarm.nodeclasses.render import render
 from nodewarm_dev.testenv import kube as kubeenv
-from nodewarm_dev.testenv import realnode
+from nodewarm_dev.testenv import agentpod, realnode
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
 S3_SERVICE, NOT_SERVED = kubeenv.S3_SERVICE, kubeenv.NOT_SERVED
@@ -25,11 +24,6 @@ S3_SERVICE, NOT_SERVED = kubeenv.S3_SERVICE, kubeenv.NOT_SERVED
 def warm_condition(node: dict | None) -> dict | None:
     return next((c for c in ((node or {}).get("status") or {}).get("conditions") or ()
                  if c["type"] == WARM_CONDITION), None)
-
-
-def agent_pod(k: Kube, namespace: str, node: str) -> dict | None:
-    pods = k.list(PODS, namespace, labelSelector=f"app.kubernetes.io/name={AGENT}")["items"]
-    return next((p for p in pods if p["spec"].get("nodeName") == node), None)
 
 
 def print_logs(node: realnode.RealNode) -> None:
@@ -49,10 +43,7 @@ def joined(cluster, registry_host: str, s3, tmp_path: Path, doc: dict, node_name
     k = Kube(cluster.api_client())
     p = profile.from_dict(doc)
     docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
-    agent_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(AGENT))
-    s3_env = {**s3.env(), "AWS_ENDPOINT_URL": f"http://{S3_SERVICE}"}
-    agent_ds["spec"]["template"]["spec"]["containers"][0]["env"] += [
-        {"name": n, "value": val} for n, val in s3_env.items()]
+    agentpod.give_s3(docs, s3.env())
     skip = NOT_SERVED | (set() if with_deployment else {"Deployment"})
     apply(k.api, [d for d in docs if d["kind"] not in skip])
 

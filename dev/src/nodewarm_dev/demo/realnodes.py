@@ -17,7 +17,6 @@ What changes against the played nodes (podrun):
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -31,12 +30,11 @@ from typing import Callable
 
 from nodewarm import logs
 from nodewarm.api import views
-from nodewarm.api.agentpod import NAME as AGENT
 from nodewarm.api.names import TIMELINE_ANNOTATION, WARM_CONDITION
 from nodewarm.api.timeutil import parse_time
 from nodewarm.controller.kube import EVENTS, NODES, PODS, Kube
 from nodewarm.nodeclasses import prepull
-from nodewarm_dev.testenv import enginenode, podrun, realnode, vllmclient
+from nodewarm_dev.testenv import agentpod, enginenode, podrun, realnode, vllmclient
 from nodewarm_dev.testenv import kube as kubeenv
 from nodewarm_dev.testenv import registry as registry_server
 
@@ -45,7 +43,6 @@ from . import live
 
 log = logs.get("demo.realnodes")
 
-S3_SERVICE = kubeenv.S3_SERVICE
 BUILD_SCRIPT = podrun.REPO / "scripts" / "build-images.sh"
 POD_TIMEOUT_S = 900
 # One CRI log line: time, stream, P(artial)|F(ull), text (the kubelet's container log format).
@@ -136,7 +133,7 @@ class RealNodes:
         node = realnode.start(self.cluster, name, self.nodes_root / name, **kw,
                               registries={self.registry.host: self.registry.url}, host_dirs=host_dirs or {},
                               services={kubeenv.KUBERNETES_SERVICE: self.cluster.server.removeprefix("https://"),
-                                        S3_SERVICE: self.s3_endpoint.removeprefix("http://")})
+                                        kubeenv.S3_SERVICE: self.s3_endpoint.removeprefix("http://")})
         self.nodes[name] = node
         # The prepull DaemonSet's main container: no registry is reachable here, so each node holds a pause image
         # under the renderer's name for it, as an EKS AMI holds its own.
@@ -170,16 +167,7 @@ class RealNodes:
 def runtime_env(s3_env: dict[str, str]) -> dict[str, str]:
     """What the runtime gives each demo pod on these nodes: the Pod Identity credentials, the S3 Service's endpoint,
     and Inductor's cache log lines (the engine's evidence). The CPU engine's settings are the image's."""
-    return {**s3_env, "AWS_ENDPOINT_URL": f"http://{S3_SERVICE}", **enginenode.EVIDENCE_ENV}
-
-
-def with_runtime_env(pod_spec: dict, env: dict[str, str]) -> dict:
-    """``pod_spec`` with ``env`` added to every container (init containers too), replacing same-named entries."""
-    spec = copy.deepcopy(pod_spec)
-    for c in spec.get("initContainers", []) + spec["containers"]:
-        kept = [e for e in c.get("env") or () if e["name"] not in env]
-        c["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
-    return spec
+    return {**agentpod.s3_env(s3_env), **enginenode.EVIDENCE_ENV}
 
 
 def _status(k: Kube, namespace: str, pod: str) -> dict:
@@ -243,8 +231,7 @@ def follow_agent(k: Kube, node: realnode.RealNode, namespace: str, on_start: Cal
 
     while True:
         if pod is None:
-            pod = next((p["metadata"]["name"] for p in k.list(PODS, namespace, labelSelector=(
-                f"app.kubernetes.io/name={AGENT}"))["items"] if p["spec"].get("nodeName") == node.name), None)
+            pod = (agentpod.on_node(k, namespace, node.name) or {}).get("metadata", {}).get("name")
         if pod and not started:
             st = next(iter(_status(k, namespace, pod).get("containerStatuses") or ()), {})
             if st.get("state", {}).get("running") and st.get("containerID"):

@@ -56,6 +56,7 @@ from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
 from nodewarm.sizing import GB
+from nodewarm_dev.testenv import agentpod
 from nodewarm_dev.testenv import kube as kubeenv
 
 from . import engine as vllm_engine
@@ -495,17 +496,6 @@ def nodeclass_words(p: WarmProfile) -> str:
     return "EC2NodeClass (RAID0 + bootstrap user data)"
 
 
-def agent_daemonset_env(rendered: list[dict], s3_env: dict[str, str]) -> None:
-    """What the Pod Identity agent and the S3 Service give the agent's pod on a real node, as for the demo's other
-    pods (realnodes.runtime_env), added to the rendered agent DaemonSet."""
-    from nodewarm.api.agentpod import NAME as AGENT
-
-    ds = next(d for d in rendered if d["kind"] == "DaemonSet" and d["metadata"]["name"].startswith(AGENT))
-    tmpl = ds["spec"]["template"]
-    tmpl["spec"] = realnodes.with_runtime_env(tmpl["spec"], {**s3_env,
-                                                             "AWS_ENDPOINT_URL": f"http://{realnodes.S3_SERVICE}"})
-
-
 def warm_node_real(admin, rn: realnodes.RealNodes, p: WarmProfile, node: str, view: live.LiveView,
                    log_line: Callable[[str], None] | None = None) -> dict:
     """The agent DaemonSet's pod on a real node, followed until it reports Warm: its log lines feed the live view and
@@ -556,7 +546,7 @@ def seed_compile_cache_real(srv: servers.Servers, admin, rn: realnodes.RealNodes
             host_dirs={p.nodes.cache_mount: node_mount(p, root)}, gpus="1")
     pull_weights(srv, p, root)
     name = f"{p.name}-vllm-node-a"
-    spec = realnodes.with_runtime_env(vllm.deployment(p)["spec"]["template"]["spec"], pod_env)
+    spec = agentpod.with_env(vllm.deployment(p)["spec"]["template"]["spec"], pod_env)
     # Bound by name to a node of no pool: its kubelet would refuse the pool and generation selectors.
     spec.pop("nodeSelector", None)
     spec.pop("affinity", None)
@@ -630,7 +620,7 @@ def real_baseline_objects(p: WarmProfile, nodepool: dict, pod_env: dict[str, str
     spec = d["spec"]["template"]["spec"]
     spec["containers"] = [c for c in spec["containers"] if c["name"] != vllm_engine.PUBLISHER_CONTAINER]
     spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "signing-key"]
-    d["spec"]["template"]["spec"] = realnodes.with_runtime_env(spec, pod_env)
+    d["spec"]["template"]["spec"] = agentpod.with_env(spec, pod_env)
     return [pool, d]
 
 
@@ -932,7 +922,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
         if rn:
             pod_env = realnodes.runtime_env(srv.s3.env())
-            agent_daemonset_env(rendered, srv.s3.env())
+            agentpod.give_s3(rendered, srv.s3.env())
         for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *kubeenv.NOT_SERVED)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
         where = "on a real node (its kubelet and containerd)" if rn else "(real vLLM, CPU)"
@@ -972,7 +962,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     deployment = demo_deployment(p, opts.engine)
     if rn:
         tmpl = deployment["spec"]["template"]
-        tmpl["spec"] = realnodes.with_runtime_env(tmpl["spec"], pod_env)
+        tmpl["spec"] = agentpod.with_env(tmpl["spec"], pod_env)
     apply(admin, [deployment])
     say(f"4. controller running; vLLM {'Deployment' if real else 'stand-in Deployment'} ({opts.nodes} replicas) "
         "applied: pending, no node yet")
