@@ -2,7 +2,7 @@
 holds.
 
 The pull knows no peer. Whoever assembles it (modelcache/warmer.py, from peers/peering.py) hands it, in
-WeightsConfig, a ``PartSource`` (peers/fetch.py's PeerSource) and a ``HoldingsSink`` (peers/serve.py's Holdings).
+WeightsConfig, a ``PartSource`` (peers/fetch.py's PeerSource) and a ``HoldingsSink`` (peers/holdings.py's Holdings).
 Bytes from a part source are trusted no more than S3's: they land in the same temp file and go through the same
 verification (s3pull.py); a file that fails it drops every holder that gave it a part and comes again from S3 alone.
 """
