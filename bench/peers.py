@@ -49,7 +49,8 @@ def node_main(spec_path: str) -> None:
     from nodewarm.bootstrap.weights.capacity import Headroom
     from nodewarm.bootstrap.peers.auth import PeerKeys
     from nodewarm.bootstrap.peers.fetch import Peer, PeerSource
-    from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
+    from nodewarm.bootstrap.peers.holdings import Holdings
+    from nodewarm.bootstrap.peers.serve import PeerServer
 
     spec = json.loads(Path(spec_path).read_text())
     os.environ.update(spec["env"])

@@ -15,7 +15,8 @@ from nodewarm_dev.testenv.faultproxy import FaultProxy, Reset, Trickle
 from support.bootstrap_fixtures import model_files, put_model, visible_files, warm
 from nodewarm.bootstrap.peers.auth import PeerKeys
 from nodewarm.bootstrap.peers.fetch import Peer, PeerSource
-from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
+from nodewarm.bootstrap.peers.holdings import Holdings
+from nodewarm.bootstrap.peers.serve import PeerServer
 
 pytestmark = pytest.mark.s3
 

@@ -17,7 +17,8 @@ import pytest
 
 from nodewarm.bootstrap.weights.manifest import RemoteObject
 from nodewarm.bootstrap.peers.auth import PeerKeys, object_path, sign
-from nodewarm.bootstrap.peers.serve import Holdings, PeerServer
+from nodewarm.bootstrap.peers.holdings import Holdings
+from nodewarm.bootstrap.peers.serve import PeerServer
 from nodewarm.bootstrap.weights.throttle import TokenBucket
 from nodewarm.bootstrap.weights.partial import partial_paths
 

@@ -1,12 +1,13 @@
 """Peers before S3: which source a part of the pull comes from, and reading it from a peer.
 
-A pull asks ``PeerSource.choose`` for each part. The answer is S3, a peer, or "wait": peers of the same profile
-that are warm hold every file; peers still pulling split the model between them and this node, so that nodes
-scaling up together read each byte from S3 about once. The split is rendezvous hashing over the pulling members
-(this node included): each part has one owner, which fetches it from S3 while the others wait for it and then read
-it from the owner (a peer serves the verified parts of a file it is still pulling, serve.py). A member that
-joins or leaves moves only its own share. A part whose owner has not got it yet waits at most ``wait_s``, then
-comes from S3.
+``PeerSource`` is the pull's other source of parts (weights/sharing.py's PartSource), handed to it by whoever
+assembles the pull (modelcache/warmer.py, from peering.py). A pull asks ``PeerSource.choose`` for each part. The
+answer is S3, a peer, or "wait": peers of the same profile that are warm hold every file; peers still pulling split
+the model between them and this node, so that nodes scaling up together read each byte from S3 about once. The split
+is rendezvous hashing over the pulling members (this node included): each part has one owner, which fetches it from
+S3 while the others wait for it and then read it from the owner (a peer serves the verified parts of a file it is
+still pulling, serve.py). A member that joins or leaves moves only its own share. A part whose owner has not got it
+yet waits at most ``wait_s``, then comes from S3.
 
 Nothing a peer sends is trusted: the bytes land in the same temp file and go through the same verification against
 S3's checksums as S3's own (s3pull.py); a file that fails it drops every peer that gave it a part and comes again
@@ -30,7 +31,7 @@ from botocore.exceptions import ClientError
 from nodewarm import logs
 
 from ..s3client import Retryable
-from ..weights import rangeget
+from ..weights import rangeget, sharing
 from . import auth
 from .auth import PeerKeys, object_path
 
@@ -92,11 +93,11 @@ def choose(me: str, peers: list[Peer], rel: str, offset: int, waited_s: float, w
     return S3
 
 
-class PeerFailed(Exception):
+class PeerFailed(sharing.HolderFailed):
     """The peer failed this request in a way that says it should not be asked again in this pull."""
 
 
-class NotThere(Exception):
+class NotThere(sharing.NotNow):
     """The peer answered but cannot give this range now (does not hold it yet, or is busy)."""
 
     def __init__(self, status: int):
@@ -105,7 +106,10 @@ class NotThere(Exception):
 
 
 class PeerSource:
-    """The peers one pull may read from: the directory's view, minus those this pull dropped, and the stats."""
+    """The peers one pull may read from: the directory's view, minus those this pull dropped, and the stats (the
+    pull's sharing.PartSource)."""
+
+    retry_after_s = RETRY_AFTER_S
 
     def __init__(self, me: str, directory: Callable[[], list[Peer]], keys: Callable[[], PeerKeys | None],
                  wait_s: float = WAIT_S, low_speed: tuple[float, float] = (LOW_SPEED_BPS, LOW_SPEED_TIME_S)):
@@ -139,12 +143,18 @@ class PeerSource:
             self.dropped[node] = why
         log.warning("weights.peer_dropped", peer=node, why=why, then="its parts come from S3 or other peers")
 
-    def fetch(self, conn: rangeget.Connection, peer: Peer, rel: str, etag: str, offset: int, length: int,
+    def connections(self) -> PeerConnections:
+        """A pull worker's own connections to the peers (``fetch``'s ``conns``)."""
+        return PeerConnections()
+
+    def fetch(self, conns: PeerConnections, peer: Peer, rel: str, etag: str, offset: int, length: int,
               buf: memoryview, on_chunk: Callable[[memoryview, int], None], cancelled: threading.Event) -> None:
-        """Read ``length`` bytes at ``offset`` of ``rel`` from ``peer`` into ``on_chunk(chunk, bytes_before_it)``.
+        """Read ``length`` bytes at ``offset`` of ``rel`` from ``peer`` into ``on_chunk(chunk, bytes_before_it)``, over
+        the pull worker's connection to it (``conns``).
 
         Raises NotThere (ask elsewhere), PeerFailed (drop the peer; the caller has undone its progress) or
         Cancelled."""
+        conn = conns.for_peer(peer)
         keys = self._keys()
         if keys is None:
             raise NotThere(401)

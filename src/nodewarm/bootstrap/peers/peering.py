@@ -33,7 +33,8 @@ from ..nodestatus import report_progress
 from . import directory
 from .auth import PeerKeys
 from .fetch import Peer, PeerSource
-from .serve import Holdings, PeerServer, Shelf
+from .holdings import Holdings, Shelf
+from .serve import PeerServer
 
 log = logs.get("bootstrap.peering")
 

@@ -7,6 +7,7 @@ listing    the S3 listing, and a HEAD of each wanted object for its identity and
 manifest   what the model is in S3, what is already here, and what to fetch (pure but for the local manifest)
 linking    files held verified in another model's folder, hard-linked instead of downloaded
 s3pull     the transfer: parallel ranged GETs into preallocated temp files, parts from peers first when given
+sharing    what the pull is handed to share with other nodes: another source of its parts, a sink for what it holds
 rangeget   the pull's transport: ranged GETs read from the socket into a reused buffer
 partial    a file still being pulled: its temp file and the journal of the parts already in it
 verify     the proof that a downloaded file holds exactly the S3 object's bytes

@@ -1,7 +1,7 @@
 """A file still being pulled, on disk: its preallocated temp file and the journal of the parts already in it.
 
 The pull writes them (s3pull.py) and resumes from them; a peer serves the journaled parts to other nodes
-(peers/serve.py). The journal's first line is a JSON header naming the object version and the part layout
+(peers/openrange.py). The journal's first line is a JSON header naming the object version and the part layout
 ({"key", "etag", "version_id", "size", "part_size", "part_digest"}); each later line is "<part> <digest hex>\\n",
 written after that part's bytes. A line a crash tore has no newline and is ignored.
 """

@@ -20,7 +20,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from nodewarm import logs
 from nodewarm.api.errors import NodewarmError
@@ -33,10 +33,7 @@ from .loadcheck import LoadCheck, LoadCheckFailed, StreamerTuning, check_header,
 from .manifest import MANIFEST_FILE, STATE_DIR
 from .verify import UNVERIFIED
 from .progress import Progress
-
-if TYPE_CHECKING:
-    from ..peers.fetch import PeerSource
-    from ..peers.serve import Holdings
+from .sharing import HoldingsSink, PartSource
 
 log = logs.get("bootstrap.weights")
 
@@ -61,9 +58,10 @@ class WeightsConfig:
     progress_interval_s: float = 5.0
     # Set by whoever runs the pull in a thread (the agent, on SIGTERM): the pull ends as PullStopped.
     stop: threading.Event | None = field(default=None, compare=False)
-    # Peers before S3 (peers/peering.py): where parts may come from, and what this node serves to peers.
-    peers: "PeerSource | None" = field(default=None, compare=False)
-    holdings: "Holdings | None" = field(default=None, compare=False)
+    # Peers before S3 (sharing.py; the caller hands them in, e.g. from peers/peering.py): where parts may come from,
+    # and what this node serves to peers.
+    peers: PartSource | None = field(default=None, compare=False)
+    holdings: HoldingsSink | None = field(default=None, compare=False)
     # Folders of other models this node holds (on DEST's filesystem): a file of theirs verified with the same bytes
     # as an object to fetch is hard-linked instead (linking.py).
     link_from: tuple[Path, ...] = ()
@@ -413,7 +411,7 @@ def _discard_stale_partials(dest: Path, fetching: set[str]) -> None:
 def _download(client, uri: manifest.S3Uri, dest: Path, state: Path, fetch: Iterator[manifest.RemoteObject],
               expected_bytes: int, local: manifest.LocalManifest, lock: threading.Lock, pull_cfg: s3pull.PullConfig,
               summary: WeightsSummary, interval_s: float, on_ready=None,
-              stop: threading.Event | None = None, peers=None) -> None:
+              stop: threading.Event | None = None, peers: PartSource | None = None) -> None:
     verified: Counter = Counter()
     saved_at = [time.monotonic()]
 

@@ -43,11 +43,11 @@ from nodewarm.api.errors import NodewarmError
 from .. import confined
 from ..localwrite import InsufficientNVMe, write_error
 from ..s3client import Cancelled, ObjectChanged, RetryPolicy, S3Unavailable, call_with_retries
-from ..peers import fetch as peerfetch
 from . import rangeget, throttle
 from .manifest import RemoteObject
 from .partial import parse_journal, partial_paths
 from .progress import Progress
+from .sharing import Connections, HolderFailed, NotNow, PartSource
 from .verify import (
     UNVERIFIED, StreamHash, VerifyFailed, aligned_part_size, hasher_factory, method_for, part_digest_algorithm,
     verify_file,
@@ -130,8 +130,9 @@ class _File:
         self.missing = [i for i in range(self.n_parts) if i not in self.done]
         self.remaining = len(self.missing)
         self.resumed_bytes = sum(self.part_len(i) for i in self.done)
-        # Peers (peers/fetch.py): which parts came from which peer, when each part began to wait for its owner, and
-        # whether this file now comes from S3 alone (a file with a peer's part failed verification).
+        # The part source (sharing.py, e.g. peers/fetch.py): which parts came from which peer, when each part began
+        # to wait for its owner, and whether this file now comes from S3 alone (a file with a peer's part failed
+        # verification).
         self.from_peer: dict[int, str] = {}
         self.waiting_since: dict[int, float] = {}
         self.s3_only = self.method.expected is None  # bytes nothing could check never come from a peer
@@ -315,7 +316,7 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
 class _Pull:
     def __init__(self, client, bucket: str, dest: Path, config: PullConfig,
                  progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None,
-                 peers: peerfetch.PeerSource | None = None):
+                 peers: PartSource | None = None):
         self.client, self.bucket, self.dest, self.cfg = client, bucket, dest, config
         self.stop, self.peers = stop, peers
         self.ssl_context = rangeget.ssl_context_for(client) if client.meta.endpoint_url.startswith("https") else None
@@ -327,8 +328,8 @@ class _Pull:
         self.lock = threading.Lock()
         self.all_done = threading.Event()
         self.tasks: queue.Queue = queue.Queue()
-        # Parts waiting for the peer that owns them (peers/fetch.py): (when to ask again, seq, file, part), taken only
-        # when no other part is queued, so a worker never idles while there is work it can do.
+        # Parts waiting for the peer that owns them (the part source said "wait"): (when to ask again, seq, file,
+        # part), taken only when no other part is queued, so a worker never idles while there is work it can do.
         self.deferred: list[tuple[float, int, _File, int]] = []
         self._deferred_seq = 0
         self.files: list[_File] = []
@@ -432,10 +433,10 @@ class _Pull:
 
         return call_with_retries(attempt, what, cfg.retry, self.cancelled)
 
-    def _fetch(self, f: _File, i: int, conn: "_Conn", peer_conns: peerfetch.PeerConnections,
+    def _fetch(self, f: _File, i: int, conn: "_Conn", peer_conns: Connections | None,
                buf: memoryview) -> bytes | None:
-        """Part ``i`` from a peer when one may give it, else from S3; its digest, or None: wait for its owner
-        (peers/fetch.py) and come back to it."""
+        """Part ``i`` from a peer when one may give it (the part source, sharing.py), else from S3; its digest, or
+        None: wait for its owner and come back to it."""
         if self.peers is not None and not f.s3_only:
             off, length, skip = i * f.part_size, f.part_len(i), set()
             while True:
@@ -448,13 +449,13 @@ class _Pull:
                     break
                 peer, landing = choice.peer, _Landing(self, f, off)
                 try:
-                    self.peers.fetch(peer_conns.for_peer(peer), peer, f.obj.rel_path, f.obj.etag, off, length, buf,
+                    self.peers.fetch(peer_conns, peer, f.obj.rel_path, f.obj.etag, off, length, buf,
                                      landing, self.cancelled)
                 except BaseException as e:
                     landing.undo()  # not kept: those bytes come again
-                    if isinstance(e, peerfetch.PeerFailed):
+                    if isinstance(e, HolderFailed):
                         self.peers.drop(peer.node, str(e))
-                    elif not isinstance(e, peerfetch.NotThere):
+                    elif not isinstance(e, NotNow):
                         raise
                     skip.add(peer.node)
                     continue
@@ -474,15 +475,17 @@ class _Pull:
 
     def _worker(self, verifier: ThreadPoolExecutor) -> None:
         throttle.lower_thread_priority(self.cfg.nice)
-        conn, peer_conns = _Conn(self.cfg, self.ssl_context), peerfetch.PeerConnections()
+        conn = _Conn(self.cfg, self.ssl_context)
+        peer_conns = self.peers.connections() if self.peers is not None else None
         buf = memoryview(bytearray(READ_CHUNK))
         try:
             self._work(verifier, conn, peer_conns, buf)
         finally:
             conn.close()
-            peer_conns.close()
+            if peer_conns is not None:
+                peer_conns.close()
 
-    def _work(self, verifier: ThreadPoolExecutor, conn: "_Conn", peer_conns: peerfetch.PeerConnections,
+    def _work(self, verifier: ThreadPoolExecutor, conn: "_Conn", peer_conns: Connections | None,
               buf: memoryview) -> None:
         while True:
             item = self._next_task()
@@ -494,7 +497,7 @@ class _Pull:
                 if digest is None:  # its owner does not hold it yet: ask again a little later
                     with self.lock:
                         self._deferred_seq += 1
-                        heapq.heappush(self.deferred, (time.monotonic() + peerfetch.RETRY_AFTER_S,
+                        heapq.heappush(self.deferred, (time.monotonic() + self.peers.retry_after_s,
                                                        self._deferred_seq, f, i))
                     continue
                 _start_writeback(f.fd, i * f.part_size, f.part_len(i))
@@ -522,7 +525,7 @@ class _Pull:
             if due is not None:
                 wait = max(0.005, due - time.monotonic())
             else:  # with peers, a part another worker defers meanwhile must not wait for that worker alone
-                wait = None if self.peers is None else peerfetch.RETRY_AFTER_S
+                wait = None if self.peers is None else self.peers.retry_after_s
             try:
                 return self.tasks.get(timeout=wait)
             except queue.Empty:
@@ -666,7 +669,7 @@ def _discard_partials(dest: Path, objects: list[RemoteObject]) -> None:
 
 def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, config: PullConfig,
          progress: Progress, on_file: Callable[[PulledFile], None], stop: threading.Event | None = None,
-         peers: peerfetch.PeerSource | None = None) -> None:
+         peers: PartSource | None = None) -> None:
     """Download ``objects`` into ``dest`` (their rel paths), calling ``on_file`` as each one is verified.
 
     ``objects`` may be a list (every file is preallocated before the first GET) or an iterator still
@@ -675,6 +678,7 @@ def pull(client, bucket: str, objects: Iterable[RemoteObject], dest: Path, confi
     Raises the first fatal error (NodewarmError with a reason) after stopping every worker; files that
     were already verified stay, partial ones stay under .nodewarm/partial/ for the next run (except on
     a full disk). ``stop`` set (the agent is being stopped) ends the pull the same way, as PullStopped.
-    ``peers`` set: parts come from peers of the profile first (peers/fetch.py), verified all the same.
+    ``peers`` set: parts come from that other source first (sharing.PartSource, e.g. peers/fetch.py's PeerSource),
+    verified all the same.
     """
     _Pull(client, bucket, dest, config, progress, on_file, stop, peers).run(objects)
