@@ -1,5 +1,8 @@
 """Ranged GETs whose bodies go from the socket straight into a reused buffer: the pull's transport.
 
+(Over 300 lines, barely: one transport. The connection's setup, its proxy tunnel, the head's parsing and the
+bounded body reads share one socket and its deadlines.)
+
 Why not boto3's ``get_object`` for the bytes: every chunk read through botocore/urllib3 allocates a new
 ``bytes`` and passes several Python layers, and with a dozen threads sharing one GIL that cost more CPU
 than the transfer itself (bench/weights.py: ~4 CPU-s per GB against ~1 for curl). On a node the client's
