@@ -31,7 +31,8 @@ from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.warmprofile import WarmProfile
 
 from . import agent, profilesource
-from .modelcache import modelset, store
+from .modelcache import modelset, plan, store
+from .modelcache.report import Book
 from .nodestatus import report_progress, report_warm
 from .weights.capacity import Headroom
 from .weights.loadcheck import StreamerTuning
@@ -71,7 +72,7 @@ def streamer_tuning(p: WarmProfile) -> StreamerTuning:
 def agent_config(r: profilesource.Resolved, opts: FollowOptions,
                  node_labels: dict[str, str] | None = None, peering=None) -> agent.AgentConfig:
     p = r.profile
-    extras = tuple(t.model for t in modelset.targets(p, opts.mount)[1:] if t.required)
+    extras = tuple(t.model for t in plan.targets(p, opts.mount)[1:] if t.required)
     return agent.AgentConfig(
         profile=p.name, model_uri=p.model.uri, dest=r.model_dir, mount=opts.mount, node_name=opts.node_name,
         compile_cache_uri=p.compile_cache.uri, verify_key=p.compile_cache.verify_key, spec=serving_spec(p),
@@ -115,7 +116,7 @@ class Follower:
         self._failed_at: float | None = None
         self.peering = None     # peers.peering.Peering while the profile has peers on
         # The profile's further models (spec.models): reported on the Node, the ones not required warmed here.
-        self.book = modelset.Book(lambda ann: report_progress(api_client, opts.node_name, ann))
+        self.book = Book(lambda ann: report_progress(api_client, opts.node_name, ann))
         self.models = modelset.ModelSet(api_client, opts, self.book, self.stop)
 
     def _peering(self, p: WarmProfile):
