@@ -159,7 +159,7 @@ def test_nothing_required_in_use_or_as_important_may_make_room(tmp_path):
 
 
 def test_a_required_further_model_is_pulled_before_warm_and_the_rest_are_not(tmp_path):
-    from nodewarm.bootstrap.follow import FollowOptions, agent_config
+    from nodewarm.bootstrap.followplan import FollowOptions, agent_config
     from nodewarm.bootstrap.profilesource import Resolved
     from nodewarm.api.generation import generation
 

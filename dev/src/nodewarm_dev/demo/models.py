@@ -43,7 +43,8 @@ from nodewarm.api.models import WARM
 from nodewarm.api.names import GENERATION_LABEL, MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm_dev.testenv import kube as kubeenv
-from nodewarm.bootstrap.follow import Follower, FollowOptions
+from nodewarm.bootstrap.follow import Follower
+from nodewarm.bootstrap.followplan import FollowOptions
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
