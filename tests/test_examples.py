@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from nodewarm import instancetypes, profile
-from nodewarm.bootstrap import follow, profilesource
+from nodewarm.bootstrap import followplan, profilesource
 from nodewarm.bootstrap.compilecache import signing
 from nodewarm.cli import main
 from nodewarm.nodeclasses import crdvalidate, identity
@@ -97,7 +97,7 @@ def test_example_has_the_compile_cache_fully_configured(name, tmp_path):
     # bundle prefix and the verify key (without a verify key it never restores: NoVerifyKey).
     stored = by_kind(docs, "WarmProfile")
     resolved = profilesource.resolve({**stored, "metadata": {**stored["metadata"], "resourceVersion": "1"}}, tmp_path)
-    cfg = follow.agent_config(resolved, follow.FollowOptions(profile=p.name, mount=tmp_path, node_name="n"))
+    cfg = followplan.agent_config(resolved, followplan.FollowOptions(profile=p.name, mount=tmp_path, node_name="n"))
     assert cfg.compile_cache_uri == cc.uri and cfg.verify_key == cc.verify_key
     assert cfg.serving_spec().tp == p.serving.tensor_parallel_size
 

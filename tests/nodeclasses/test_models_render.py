@@ -75,7 +75,7 @@ def test_each_extra_model_gets_its_deployment_service_and_pdb_placed_by_its_own_
         assert models.label_key(view) == f"models.nodewarm.io/{view.name}"
         assert dep["spec"]["replicas"] == view.serving.replicas
         # The pods' profile label is the view's: the agent's "older pods of my profile" query for the first
-        # model (follow.older_pods, by nodewarm.io/profile=<profile>) never sees them.
+        # model (followplan.older_pods, by nodewarm.io/profile=<profile>) never sees them.
         assert dep["spec"]["template"]["metadata"]["labels"][PROFILE_LABEL] == view.name
         vllm = spec["containers"][0]
         assert f"--model={model_path(view.name)}" in vllm["args"]

@@ -187,13 +187,13 @@ def test_the_agent_waits_for_the_rendered_prepull_pod():
     """What the agent reads at boot names the image, namespace and pod the renderer put on its node."""
     from pathlib import Path
 
-    from nodewarm.bootstrap import follow, profilesource
+    from nodewarm.bootstrap import followplan, profilesource
 
     docs = rendered(launcher("automode", spec__bootstrap__imagePrepullTimeout="90s",
                              spec__bootstrap__namespace="warm-ns"))
     ds = daemonset(docs, "qwen3-35b-image-prepull")
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
-    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
+    cfg = followplan.agent_config(resolved, followplan.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
     assert cfg.serving_image == ds["spec"]["template"]["spec"]["initContainers"][0]["image"]
     assert cfg.prepull_namespace == ds["metadata"]["namespace"] == "warm-ns"
     assert ds["spec"]["selector"]["matchLabels"] == prepullpod.selector(cfg.profile)
@@ -369,7 +369,7 @@ def test_with_controller_renders_controller_objects_the_server_accepts(kube, tmp
 def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     from pathlib import Path
 
-    from nodewarm.bootstrap import follow, profilesource
+    from nodewarm.bootstrap import followplan, profilesource
     from nodewarm.bootstrap.compilecache import cli as cache_cli
     from nodewarm.cli import build_parser
 
@@ -403,7 +403,7 @@ def test_publisher_sidecar_builds_the_same_key_the_node_restores_with():
     published = cache_cli._spec(parser.parse_args(pub["args"]))
     # The node agent's side: the WarmProfile object as rendered, resolved the way the agent does at boot.
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/k8s-disks/0"))
-    restored = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/k8s-disks/0"), "n")).spec
+    restored = followplan.agent_config(resolved, followplan.FollowOptions("p", Path("/mnt/k8s-disks/0"), "n")).spec
     assert published == restored
     assert (published.tp, published.pp) == (2, 2)
     assert {k: published.engine[k] for k in ("quantization", "compilation-config")} == {
@@ -539,7 +539,7 @@ def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
     settings the vLLM pod gets, taken from the same WarmProfile it reads at boot."""
     from pathlib import Path
 
-    from nodewarm.bootstrap import follow, profilesource
+    from nodewarm.bootstrap import followplan, profilesource
 
     docs = rendered(v("automode", spec__serving__chunkSizeGB=2))
     c = container(docs)
@@ -549,9 +549,9 @@ def test_the_nodes_load_check_is_tuned_like_the_vllm_pods_streamer():
     agent = daemonset(docs, "nodewarm-bootstrap-")["spec"]["template"]["spec"]["containers"][0]
     assert "--skip-load-check" not in agent["args"]
     resolved = profilesource.resolve(by_kind(docs, "WarmProfile"), Path("/mnt/.ephemeral"))
-    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
+    cfg = followplan.agent_config(resolved, followplan.FollowOptions("p", Path("/mnt/.ephemeral"), "n"))
     assert cfg.load_check and cfg.streamer is None       # header checks only, no torch: the default
-    cfg = follow.agent_config(resolved, follow.FollowOptions("p", Path("/mnt/.ephemeral"), "n", stream_check=True))
+    cfg = followplan.agent_config(resolved, followplan.FollowOptions("p", Path("/mnt/.ephemeral"), "n", stream_check=True))
     assert cfg.load_check and (cfg.streamer.concurrency, cfg.streamer.chunk_bytes) == (want_concurrency, want_chunk)
     assert want_chunk == 2 * 2**30
 

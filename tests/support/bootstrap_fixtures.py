@@ -154,7 +154,8 @@ class RunningAgent:
 
         from kubernetes import config
 
-        from nodewarm.bootstrap.follow import Follower, FollowOptions
+        from nodewarm.bootstrap.follow import Follower
+        from nodewarm.bootstrap.followplan import FollowOptions
 
         api = config.new_client_from_config(config_file=str(node_kubeconfig(kube, tmp_path, node)))
         self.mount = tmp_path / f"nvme-{node}"

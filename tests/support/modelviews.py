@@ -8,7 +8,7 @@ from pathlib import Path
 from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.names import MODEL_LABEL_PREFIX
-from nodewarm.bootstrap.modelcache import modelset
+from nodewarm.bootstrap.modelcache import plan
 from nodewarm.controller.kube import NODES
 
 
@@ -25,4 +25,4 @@ def view(doc: dict, name: str):
 
 def folder(doc: dict, mount: Path, view_name: str) -> Path:
     """Where the node holds the model ``view_name`` of profile ``doc`` at its generation in ``doc``."""
-    return {t.name: t.dest for t in modelset.targets(profile.from_dict(doc), mount)}[view_name]
+    return {t.name: t.dest for t in plan.targets(profile.from_dict(doc), mount)}[view_name]

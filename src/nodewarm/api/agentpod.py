@@ -3,9 +3,9 @@ the agent recognises it by.
 
 The renderer (nodewarm/userdata/daemonset.py) names the agent's DaemonSet ``daemonset_name(nodepool)`` in the
 profile's bootstrap namespace and hands its container, through the downward API (``DOWNWARD_ENV``), its node and its
-own pod's namespace, name and uid. The agent (nodewarm/bootstrap/modelcache/modelset.py) reads them with
-``own_pod``: its pod mounts the whole NVMe root to write the models, which makes it no user of any of them. On AL2023
-the agent is a host service (a systemd unit): it has no pod, ``own_pod`` is None.
+own pod's namespace, name and uid. The agent reads them with ``own_pod`` and recognises its pods by them
+(nodewarm/bootstrap/modelcache/plan.py): its pod mounts the whole NVMe root to write the models, which makes it no
+user of any of them. On AL2023 the agent is a host service (a systemd unit): it has no pod, ``own_pod`` is None.
 """
 
 from __future__ import annotations

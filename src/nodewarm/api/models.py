@@ -59,7 +59,7 @@ FIRST_MODEL_PRIORITY = 1 << 30
 
 def priority(p: WarmProfile, v: WarmProfile) -> int:
     """View ``v``'s rank when room is short: a model may only evict models of a lower one
-    (bootstrap/modelcache/modelset.py)."""
+    (bootstrap/modelcache/plan.py)."""
     if not is_extra(v):
         return FIRST_MODEL_PRIORITY
     return next(e.priority for e in p.models if view_name(p.name, e.name) == v.name)

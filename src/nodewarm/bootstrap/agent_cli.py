@@ -51,7 +51,7 @@ def _node_name(args: argparse.Namespace) -> str:
 
 
 def _follow_options(args: argparse.Namespace):
-    from .follow import FollowOptions
+    from .followplan import FollowOptions
 
     runtime = None
     if args.runtime:

@@ -161,7 +161,7 @@ def manifests(
     # No region: pods on Auto Mode cannot reach instance metadata; the agent reads its Node's
     # topology.kubernetes.io/region label (or the profile's spec.nodes.region). Its node, and its own pod: that pod
     # mounts the whole NVMe root, and the agent must not count it as a user of the models there
-    # (bootstrap/modelcache/modelset.py).
+    # (bootstrap/modelcache/plan.py).
     env = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in DOWNWARD_ENV]
     tolerations = [{"key": readiness_taint_key, "operator": "Exists"}]
     tolerations += [{"key": key, "operator": "Exists"} for key in gpu_taint_keys]

@@ -19,7 +19,7 @@ from nodewarm import profile
 from nodewarm.api import models
 from nodewarm.api.generation import generation
 from nodewarm.api.names import MODELS_ANNOTATION, PROFILE_LABEL
-from nodewarm.bootstrap.modelcache import modelset
+from nodewarm.bootstrap.modelcache import plan
 from nodewarm.bootstrap.weights.capacity import Headroom, free_space
 from nodewarm.controller.kube import NODES, Resource
 
@@ -157,7 +157,7 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
         wait_for(lambda: model_labels(k, "node-m3") == {models.label_key(c): generation(c)}, 60,
                  what="model c warm and labelled")
         assert not crashed.exists()
-        c_dir = modelset.targets(profile.from_dict(doc), agent.mount)[1].dest
+        c_dir = plan.targets(profile.from_dict(doc), agent.mount)[1].dest
         using(k, "uses-c", "node-m3", model_dir(c))
 
         # d matters more than c (priority 5), but a pod mounts c: d does not fit, and nothing changes on disk.
@@ -195,7 +195,7 @@ def test_eviction_waits_for_the_pods_takes_the_label_first_and_a_roll_links_what
                  what="d's label switched to the new generation")
         done = agent.follower.models.results[d2.name]
         assert done["linkedFiles"] == len(d_files) - 1 and done["downloadedBytes"] == len(d2_files[changed]), done
-        d_dirs = {t.name: t.dest for t in modelset.targets(profile.from_dict(rolled), agent.mount)}
+        d_dirs = {t.name: t.dest for t in plan.targets(profile.from_dict(rolled), agent.mount)}
         old_d = folder(with_d, agent.mount, d.name)
         assert old_d != d_dirs[d2.name]
         wait_for(lambda: not old_d.exists(), 30, what="d's old folder removed: no pod used it")
@@ -228,7 +228,7 @@ def test_a_models_files_stay_until_its_label_is_gone(kube, k, aws_env, fresh_nod
     try:
         wait_for(lambda: (m := report(k, "node-m3").get(c.name)) and m.state == models.WARM, 60, what="c warm")
         k.merge_patch(NODES, "node-m3", {"metadata": {"labels": {models.label_key(c): generation(c)}}})
-        c_dir = modelset.targets(profile.from_dict(doc), agent.mount)[1].dest
+        c_dir = plan.targets(profile.from_dict(doc), agent.mount)[1].dest
         with_d = copy.deepcopy(doc)
         d_uri = put_model(aws_env, model_files(shards=3, mib_per_shard=1.5, seed=32))
         with_d["spec"]["models"].append({"name": "d", "uri": d_uri, "sizeGB": 0.0048, "priority": 5})

@@ -1,4 +1,4 @@
-"""The agent's plan for a profile's further models (bootstrap/modelcache/modelset.py), without servers: the order they
+"""The agent's plan for a profile's further models (bootstrap/modelcache/plan.py), without servers: the order they
 warm in, which folders a pod uses (read from the pods' hostPath volumes, as the API returns them), and what may never
 make room for what."""
 
@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from support.builders import v
 from nodewarm import profile
-from nodewarm.api import models
-from nodewarm.api.names import MODELS_ANNOTATION
-from nodewarm.bootstrap.modelcache import modelset
+from nodewarm.bootstrap.modelcache import plan
 from nodewarm.bootstrap.modelcache.store import Held
 
 MODELS = [{"name": "chat", "uri": "s3://bucket-a/chat/", "sizeGB": 1, "priority": 1},
@@ -22,7 +20,7 @@ def prof(models_=MODELS, **kw):
 
 def test_the_first_model_warms_first_then_the_required_then_the_rest_by_priority(tmp_path):
     p = prof()
-    ts = modelset.targets(p, tmp_path)
+    ts = plan.targets(p, tmp_path)
     assert [t.name for t in ts] == ["multi", "multi-embed", "multi-canary", "multi-chat"]
     assert [t.required for t in ts] == [True, True, False, False]
     # Each model has its own folder, named as the renderer names the pod's hostPath (api.podlayout).
@@ -38,15 +36,15 @@ def pod(volumes, phase="Running"):
 def test_a_folder_is_in_use_when_a_running_pod_mounts_it_or_what_holds_it(tmp_path):
     p = prof()
     cm = p.nodes.cache_mount
-    chat, embed = (t.dest for t in modelset.targets(p, tmp_path)[3:0:-2])
+    chat, embed = (t.dest for t in plan.targets(p, tmp_path)[3:0:-2])
     pods = [pod([{"name": "w", "hostPath": {"path": f"{cm}/nodewarm/models/multi-chat/{chat.name}"}},
                  {"name": "cfg", "configMap": {"name": "x"}}]),
             pod([{"name": "w", "hostPath": {"path": f"{cm}/nodewarm/models/multi-embed/{embed.name}"}}], "Succeeded"),
             pod([{"name": "other", "hostPath": {"path": "/var/log"}}])]
-    used = modelset.used_folders(pods, cm, tmp_path)
-    assert modelset.in_use(chat, used) and not modelset.in_use(embed, used)    # a finished pod uses nothing
-    everything = modelset.used_folders([pod([{"name": "all", "hostPath": {"path": f"{cm}/nodewarm"}}])], cm, tmp_path)
-    assert modelset.in_use(chat, everything) and modelset.in_use(embed, everything)
+    used = plan.used_folders(pods, cm, tmp_path)
+    assert plan.in_use(chat, used) and not plan.in_use(embed, used)    # a finished pod uses nothing
+    everything = plan.used_folders([pod([{"name": "all", "hostPath": {"path": f"{cm}/nodewarm"}}])], cm, tmp_path)
+    assert plan.in_use(chat, everything) and plan.in_use(embed, everything)
 
 
 def rendered_agent_daemonset(p) -> dict:
@@ -82,18 +80,18 @@ def test_the_agents_own_pods_use_no_model_and_any_other_pod_that_mounts_the_root
     ds = rendered_agent_daemonset(p)
     ns, ds_name = ds["metadata"]["namespace"], ds["metadata"]["name"]
     assert {"name": "nvme", "hostPath": {"path": cm, "type": "Directory"}} in ds["spec"]["template"]["spec"]["volumes"]
-    first, embed, canary, chat = (t.dest for t in modelset.targets(p, tmp_path))
+    first, embed, canary, chat = (t.dest for t in plan.targets(p, tmp_path))
     me = daemonset_pod(ds, f"{ds_name}-x7k2p", "uid-me")
     older = daemonset_pod(ds, f"{ds_name}-q9r4t", "uid-older")        # the rolling update's pod still going
     vllm_chat = pod([{"name": "w", "hostPath": {"path": f"{cm}/nodewarm/models/multi-chat/{chat.name}"}}])
-    agent = modelset.agent_pods(p, PodRef(ns, me["metadata"]["name"], "uid-me"))
+    agent = plan.agent_pods(p, PodRef(ns, me["metadata"]["name"], "uid-me"))
 
-    used = modelset.used_folders([me, older, vllm_chat], cm, tmp_path, agent)
-    assert [modelset.in_use(d, used) for d in (first, embed, canary, chat)] == [False, False, False, True]
+    used = plan.used_folders([me, older, vllm_chat], cm, tmp_path, agent)
+    assert [plan.in_use(d, used) for d in (first, embed, canary, chat)] == [False, False, False, True]
     # The agent's own pod is known by its identity alone (its DaemonSet is no longer the profile's, say).
-    assert modelset.used_folders([me, vllm_chat], cm, tmp_path, modelset.AgentPods(agent.own)) == used
+    assert plan.used_folders([me, vllm_chat], cm, tmp_path, plan.AgentPods(agent.own)) == used
     # Told neither (used_folders' default), it takes the agent's pod for a user's: nothing recognises it by its looks.
-    assert modelset.in_use(first, modelset.used_folders([older], cm, tmp_path, modelset.AgentPods()))
+    assert plan.in_use(first, plan.used_folders([older], cm, tmp_path, plan.AgentPods()))
 
     # A pod that claims to be the agent by its labels, by the DaemonSet's name in another namespace (an owner
     # reference names an owner in the pod's own namespace), by its name without the uid, or a pod of the agent's
@@ -105,16 +103,16 @@ def test_the_agents_own_pods_use_no_model_and_any_other_pod_that_mounts_the_root
         "not controlled": daemonset_pod(ds, "helper", "uid-4", owned=False),
     }
     for why, impostor in impostors.items():
-        used = modelset.used_folders([me, older, impostor], cm, tmp_path, agent)
-        assert all(modelset.in_use(d, used) for d in (first, embed, canary, chat)), why
+        used = plan.used_folders([me, older, impostor], cm, tmp_path, agent)
+        assert all(plan.in_use(d, used) for d in (first, embed, canary, chat)), why
     # So pulling canary (priority 7) may evict chat (priority 1) beside the agent's pods, but not beside a user's pod
     # that mounts the whole root.
-    wanted = modelset.targets(p, tmp_path)       # multi, multi-embed, multi-canary, multi-chat
+    wanted = plan.targets(p, tmp_path)       # multi, multi-embed, multi-canary, multi-chat
     held = [Held(chat, chat.parent.name, chat.name, complete=True, last_used=1.0)]
-    assert chat not in modelset.protected(wanted[2], wanted, modelset.used_folders([me, older], cm, tmp_path, agent),
+    assert chat not in plan.protected(wanted[2], wanted, plan.used_folders([me, older], cm, tmp_path, agent),
                                           held)
     root = pod([{"name": "all", "hostPath": {"path": cm}}])
-    keep = modelset.protected(wanted[2], wanted, modelset.used_folders([me, older, root], cm, tmp_path, agent), held)
+    keep = plan.protected(wanted[2], wanted, plan.used_folders([me, older, root], cm, tmp_path, agent), held)
     assert keep[chat] == "in use by a pod on this node"
 
 
@@ -141,47 +139,32 @@ def test_the_agent_in_the_daemonsets_pod_knows_that_pod_from_the_env_rendered_fo
         monkeypatch.setenv(name, value)
     opts = agent_cli._follow_options(args)
     assert opts.agent_pod == PodRef(ds["metadata"]["namespace"], own["metadata"]["name"], "0f6c1d2e-uid")
-    assert opts.node_name == "n" and modelset.agent_pods(p, opts.agent_pod).recognise(own)
+    assert opts.node_name == "n" and plan.agent_pods(p, opts.agent_pod).recognise(own)
 
 
 def test_nothing_required_in_use_or_as_important_may_make_room(tmp_path):
     p = prof()
-    first, embed, canary, chat = modelset.targets(p, tmp_path)
+    first, embed, canary, chat = plan.targets(p, tmp_path)
     stale = tmp_path / "nodewarm" / "models" / "multi-chat" / "0123456789ab"      # chat's old generation
     held = [Held(d, d.parent.name, d.name, complete=True, last_used=1.0)
             for d in (first.dest, embed.dest, canary.dest, stale)]
     # Pulling chat (priority 1): the required ones and canary (priority 7) stay; chat's old folder may go.
-    keep = modelset.protected(chat, modelset.targets(p, tmp_path), set(), held)
+    keep = plan.protected(chat, plan.targets(p, tmp_path), set(), held)
     assert set(keep) == {chat.dest, first.dest, embed.dest, canary.dest}
     assert keep[canary.dest].startswith("priority 7")
     # Pulling canary: chat (priority 1) may make room, unless a pod mounts it.
-    assert chat.dest not in modelset.protected(canary, modelset.targets(p, tmp_path), set(), held)
-    keep = modelset.protected(canary, modelset.targets(p, tmp_path), {stale}, held)
+    assert chat.dest not in plan.protected(canary, plan.targets(p, tmp_path), set(), held)
+    keep = plan.protected(canary, plan.targets(p, tmp_path), {stale}, held)
     assert keep[stale] == "in use by a pod on this node"
 
 
-def test_the_report_is_written_only_when_it_changed():
-    sent = []
-    book = modelset.Book(sent.append)
-    book.put(models.HeldModel("multi-embed", models.WARM, "g1", key="k1"))
-    assert book.publish() and not book.publish()
-    book.put(models.HeldModel("multi-embed", models.EVICTING, "g1", key="k1"))
-    assert book.publish()
-    assert [models.decode(s[MODELS_ANNOTATION])["multi-embed"].state for s in sent] == ["warm", "evicting"]
-    book._write = lambda ann: (_ for _ in ()).throw(OSError("API down"))
-    book.put(models.HeldModel("multi-embed", models.WARM, "g1", key="k1"))
-    assert not book.publish()                 # failed: tried again at the next publish
-    book._write = sent.append
-    assert book.publish()
-
-
 def test_a_required_further_model_is_pulled_before_warm_and_the_rest_are_not(tmp_path):
-    from nodewarm.bootstrap.follow import FollowOptions, agent_config
+    from nodewarm.bootstrap.followplan import FollowOptions, agent_config
     from nodewarm.bootstrap.profilesource import Resolved
     from nodewarm.api.generation import generation
 
     p = prof()
-    r = Resolved(p, generation(p), modelset.targets(p, tmp_path)[0].dest, "1")
+    r = Resolved(p, generation(p), plan.targets(p, tmp_path)[0].dest, "1")
     cfg = agent_config(r, FollowOptions(profile="multi", mount=tmp_path, node_name="n"))
     assert [m.name for m in cfg.extras] == ["multi-embed"] and cfg.report_models
     assert cfg.extras[0].spec.model == "/models/multi-embed"     # vLLM's model string: part of the cache key

@@ -43,7 +43,8 @@ from nodewarm.api.models import WARM
 from nodewarm.api.names import GENERATION_LABEL, MODEL_LABEL_PREFIX, MODELS_ANNOTATION
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm_dev.testenv import kube as kubeenv
-from nodewarm.bootstrap.follow import Follower, FollowOptions
+from nodewarm.bootstrap.follow import Follower
+from nodewarm.bootstrap.followplan import FollowOptions
 from nodewarm.kubeapply import apply
 from nodewarm.nodeclasses import vllm
 from nodewarm.nodeclasses.render import render
@@ -482,7 +483,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
 def roll(srv: servers.Servers, admin, engine: str, doc: dict, agents: dict[str, Agent], observer: Observer,
          second: Path, work: Path, sync: Callable[[], None]) -> dict:
     """Second model v1 -> v2 (one shard changed, a new prefix): what each node linked, pulled and removed."""
-    from nodewarm.bootstrap.modelcache import modelset
+    from nodewarm.bootstrap.modelcache import plan
 
     say, names, p = observer.say, observer.names, observer.p
     shard = changed_copy(second, work / "second-v2")
@@ -496,8 +497,8 @@ def roll(srv: servers.Servers, admin, engine: str, doc: dict, agents: dict[str, 
         observer.events[n]["rollApplied"] = round(time.time() - observer.registered[n], 3)
     apply_profile(admin, p2, engine)
     say(f"   applied the WarmProfile and {new.name}'s Deployment: its pods now require {key}={generation(new)}")
-    old_dirs = {n: modelset.targets(p, agents[n].mount)[1].dest for n in names}
-    new_dirs = {n: modelset.targets(p2, agents[n].mount)[1].dest for n in names}
+    old_dirs = {n: plan.targets(p, agents[n].mount)[1].dest for n in names}
+    new_dirs = {n: plan.targets(p2, agents[n].mount)[1].dest for n in names}
 
     def done() -> bool:
         return settled(observer, p2) and all(

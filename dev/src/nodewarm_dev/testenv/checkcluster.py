@@ -97,7 +97,7 @@ class CheckCluster:
 
     def check_node(self, doc: dict, node_name: str, label: str, runtime_env: dict[str, str] | None = None) -> Checked:
         """``node_name`` must be one of the API server's kubelet identities (testenv.kube node tokens)."""
-        from nodewarm.bootstrap import agent, follow, profilesource
+        from nodewarm.bootstrap import agent, followplan, profilesource
         from nodewarm.controller.kube import EVENTS, NODES, PODS
 
         p = profile.from_dict(doc)
@@ -116,8 +116,8 @@ class CheckCluster:
         start = time.monotonic()
         try:
             mount = node.host(p.nodes.cache_mount)
-            opts = follow.FollowOptions(profile=p.name, mount=mount, node_name=node_name, allow_non_nvme=True)
-            cfg = follow.agent_config(profilesource.resolve(doc, mount), opts)
+            opts = followplan.FollowOptions(profile=p.name, mount=mount, node_name=node_name, allow_non_nvme=True)
+            cfg = followplan.agent_config(profilesource.resolve(doc, mount), opts)
             # No image pre-pull pod and no device plugin here: the serving image is this machine's .venv-serving and
             # the "GPUs" are its CPU; both waits are the agent's own business, tested apart (test_agent.py).
             cfg = dataclasses.replace(cfg, serving_image=None, gpu_wait_s=0.0)

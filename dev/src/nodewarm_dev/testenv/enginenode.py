@@ -157,13 +157,13 @@ class Node:
     def warm(self, doc: dict, node_labels: dict[str, str] | None = None):
         """This node's agent, once, as the DaemonSet/host agent runs it for the profile document ``doc``:
         weights from S3 into the node's copy, then the compile-cache restore and its baseline."""
-        from nodewarm.bootstrap import agent, follow, profilesource
+        from nodewarm.bootstrap import agent, followplan, profilesource
         from nodewarm.profile import from_dict
 
         p = from_dict(doc)
         mount = self.host(p.nodes.cache_mount)
-        opts = follow.FollowOptions(profile=p.name, mount=mount, node_name=self.name, allow_non_nvme=True)
-        cfg = follow.agent_config(profilesource.resolve(doc, mount), opts, node_labels)
+        opts = followplan.FollowOptions(profile=p.name, mount=mount, node_name=self.name, allow_non_nvme=True)
+        cfg = followplan.agent_config(profilesource.resolve(doc, mount), opts, node_labels)
         return agent.warm(cfg)
 
 

@@ -1,4 +1,4 @@
-"""The profile's further models on this node (spec.models, docs/models.md): warmed, reported, rolled and evicted.
+"""The profile's further models on this node (spec.models, docs/models.md): warmed, rolled and evicted after Warm.
 
 The first model, and every further one marked ``required``, is pulled before the node reports Warm (agent.py,
 ``AgentConfig.extras``). The rest are this module's: once the node serves, one background thread pulls them in
@@ -6,41 +6,30 @@ priority order, throttled (spec.weights.background: few connections, a bandwidth
 the serving pods' own I/O and CPU come first. Each is warmed as the agent warms its models (warmer.py: its weights,
 from peers too when they are on, and its compile cache). The same thread rolls a further model to a new generation
 beside the old one (files whose content did not change are linked, not pulled: WeightsConfig.link_from) and removes
-folders no pod uses any more.
+folders no pod uses any more. What to hold, which folders pods use and what may make room is plan.py's (pure); this
+module is the I/O around it.
 
-Everything the node holds is reported on its Node (names.MODELS_ANNOTATION, api.models.HeldModel); the controller
-alone turns that report into the models' labels, which the models' Deployments require. So a model's files go only
-after its label: the agent reports it ``evicting``, waits until the label is gone, looks again that no pod on the
-node mounts it (the API's pods, not a guess), and only then removes the folder, whole or not at all
-(store.evict; a crash in between is finished at the next start).
+Everything the node holds is reported on its Node (report.py); the controller alone turns that report into the
+models' labels, which the models' Deployments require. So a model's files go only after its label: the agent
+reports it ``evicting``, waits until the label is gone, looks again that no pod on the node mounts it (the API's
+pods, not a guess), and only then removes the folder, whole or not at all (store.evict; a crash in between is
+finished at the next start).
 
-"A pod on the node mounts it" counts the users of the models, never the agent itself: on the DaemonSet path (Auto
-Mode, Bottlerocket) the agent's own pod mounts the whole NVMe root, and so does, for a moment during a rolling update,
-the DaemonSet's older pod. Those are recognised exactly (``AgentPods``), never by a label a user's pod could copy;
-any other pod that mounts the root, or a folder holding a model, keeps that model.
-
-When a model does not fit, only models that matter less may make room: folders no current model of the profile
-uses (an old generation, a model taken out of the profile), then models of lower priority, least recently used
-first; never a required model, one a pod mounts, or one of equal or higher priority (which would only be pulled
-back, evicting this one in turn). If that is not enough the model is reported failed with reason NoCapacity and
-the sizes, and nothing on disk changes.
+When a model does not fit and even the folders that may make room (plan.protected, store.plan_eviction) are not
+enough, the model is reported failed with reason NoCapacity and the sizes, and nothing on disk changes.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from dataclasses import replace
+from pathlib import Path
 
 from nodewarm import logs
-from nodewarm.api import models as api_models
-from nodewarm.api.agentpod import PodRef, daemonset_name
-from nodewarm.api.generation import generation
 from nodewarm.api.models import EVICTING, FAILED, NO_CAPACITY, PULLING, WARM, HeldModel
-from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION
+from nodewarm.api.names import MODEL_LABEL_PREFIX
 from nodewarm.api.podlayout import MODELS_ROOT
-from nodewarm.api.servingspec import serving_spec
 from nodewarm.api.timeutil import fmt_time_s
 from nodewarm.api.warmprofile import WarmProfile
 
@@ -48,149 +37,11 @@ from .. import profilesource
 from ..weights.manifest import STATE_DIR
 from . import store
 from .background import pull_overrides
-from .warmer import Model, Warmer
+from .plan import Target, agent_pods, in_use, protected, targets, used_folders
+from .report import Book
+from .warmer import Warmer
 
 log = logs.get("bootstrap.models")
-
-
-@dataclass(frozen=True)
-class Target:
-    """One model the node should hold: a view of the profile (api.models), where its weights go, how it ranks."""
-
-    view: WarmProfile
-    dest: Path
-    generation: str
-    required: bool
-    priority: int
-
-    @property
-    def name(self) -> str:
-        return self.view.name
-
-    @property
-    def model(self) -> Model:
-        return Model(self.name, self.view.model.uri, self.dest, self.generation, serving_spec(self.view), self.required,
-                     self.priority)
-
-
-def targets(p: WarmProfile, mount: Path) -> tuple[Target, ...]:
-    """Every model of profile ``p`` in the order the node warms them (api.models.views), the first model first."""
-    return tuple(Target(v, profilesource.on_mount(v, mount), generation(v), api_models.required(p, v),
-                        api_models.priority(p, v))
-                 for v in api_models.views(p))
-
-
-@dataclass(frozen=True)
-class AgentPods:
-    """What makes a pod on this node the node agent's own, not a user of the models (api.agentpod): the pod this
-    agent runs in (the downward API's namespace, name and uid), and the pods the agent's DaemonSet controls, in the
-    namespace it is rendered in (an older agent pod during the DaemonSet's rolling update). A pod's controller
-    reference names an owner in the pod's own namespace, so only who may create pods in that namespace could make
-    one look owned by the DaemonSet; labels prove nothing (any pod may copy them). Neither is known on AL2023, where
-    the agent is a host service: then no pod is the agent's."""
-
-    own: PodRef | None = None
-    daemonset: tuple[str, str] | None = None      # (namespace, name)
-
-    def recognise(self, pod: dict) -> bool:
-        md = pod.get("metadata") or {}
-        if self.own is not None and (md.get("namespace"), md.get("name"), md.get("uid")) == (
-                self.own.namespace, self.own.name, self.own.uid):
-            return True
-        if self.daemonset is None or md.get("namespace") != self.daemonset[0]:
-            return False
-        return any(ref.get("controller") is True and ref.get("kind") == "DaemonSet"
-                   and (ref.get("apiVersion") or "").split("/")[0] == "apps" and ref.get("name") == self.daemonset[1]
-                   for ref in md.get("ownerReferences") or ())
-
-
-def agent_pods(p: WarmProfile, own: PodRef | None) -> AgentPods:
-    """The agent's pods on this node for profile ``p``: ``own`` (None on AL2023) and the DaemonSet that
-    userdata.daemonset renders for the profile's NodePool, in its bootstrap namespace."""
-    return AgentPods(own, (p.bootstrap.namespace, daemonset_name(p.nodes.node_pool)))
-
-
-def used_folders(pods: list[dict], cache_mount: str, mount: Path, agent: AgentPods = AgentPods()) -> set[Path]:
-    """The folders on this node's NVMe (``mount``, the host's ``cache_mount``) that a pod not finished mounts by
-    hostPath, the node agent's own pods (``agent``) left out: a model folder is in use when one of these is it,
-    inside it, or holds it."""
-    out = set()
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") or agent.recognise(pod):
-            continue
-        for vol in (pod.get("spec") or {}).get("volumes") or ():
-            path = ((vol or {}).get("hostPath") or {}).get("path")
-            if not path:
-                continue
-            try:
-                rel = PurePosixPath(path).relative_to(cache_mount)
-            except ValueError:
-                continue
-            out.add(Path(mount) / rel)
-    return out
-
-
-def in_use(folder: Path, used: set[Path]) -> bool:
-    return any(u == folder or folder in u.parents or u in folder.parents for u in used)
-
-
-def protected(target: Target, wanted: tuple[Target, ...], used: set[Path],
-              held: list[store.Held]) -> dict[Path, str]:
-    """Folders that may not make room for ``target``, each with why (pure)."""
-    keep: dict[Path, str] = {target.dest: "being pulled"}
-    for t in wanted:
-        if t.required:
-            keep.setdefault(t.dest, "required")
-        elif t.priority >= target.priority and t.name != target.name:
-            keep.setdefault(t.dest, f"priority {t.priority} >= {target.priority}")
-    for h in held:
-        if in_use(h.path, used):
-            keep.setdefault(h.path, "in use by a pod on this node")
-    return keep
-
-
-class Book:
-    """What this node reports about its models (names.MODELS_ANNOTATION): kept here, written when it changed."""
-
-    def __init__(self, write):
-        self._write = write          # annotations -> None (nodestatus.report_progress with the agent's identity)
-        self._lock = threading.Lock()
-        self._models: dict[str, HeldModel] = {}
-        self._sent: str | None = None
-
-    def get(self, name: str) -> HeldModel | None:
-        with self._lock:
-            return self._models.get(name)
-
-    def all(self) -> tuple[HeldModel, ...]:
-        with self._lock:
-            return tuple(self._models.values())
-
-    def put(self, m: HeldModel) -> None:
-        with self._lock:
-            self._models[m.name] = m
-
-    def drop(self, name: str) -> None:
-        with self._lock:
-            self._models.pop(name, None)
-
-    def annotation(self) -> str:
-        with self._lock:
-            return api_models.encode(sorted(self._models.values(), key=lambda m: m.name))
-
-    def publish(self) -> bool:
-        """Write the report if it changed since the last write; whether it wrote. A failed write is logged and
-        tried again at the next change or round."""
-        text = self.annotation()
-        if text == self._sent:
-            return False
-        try:
-            self._write({MODELS_ANNOTATION: text})
-        except Exception as e:  # noqa: BLE001 - the report is retried; the models on disk are what they are
-            log.warning("models.report_failed", error=f"{type(e).__name__}: {str(e)[:200]}")
-            return False
-        self._sent = text
-        return True
 
 
 def _now() -> str:
