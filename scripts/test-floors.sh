@@ -41,4 +41,4 @@ PY
 # Nor the realnode tests: their pods run the nodewarm image, whose dependencies are the image's, not these floors.
 # Not the slow tests either: they are torch.compile runs (torch is the same 2.13.0 in both environments) and the
 # probe demo, whose kube and S3 paths the other tests cover at the floors too; the suite runs them all.
-exec "$venv/bin/python" -m pytest -m "not vllm and not realnode and not slow" "$@"
+exec "$venv/bin/python" -m pytest --durations=30 -m "not vllm and not realnode and not slow" "$@"

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=30 "$@"     # the slowest 30: where CI time goes (docs/testing.md)
 if (($# == 0)); then
   bash scripts/check-standalone.sh
 fi
