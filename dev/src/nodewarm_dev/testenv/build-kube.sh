@@ -5,6 +5,9 @@
 # Idempotent: exits at once when the binaries are already cached.
 # Recipe and the two required fixes: docs/testing.md, "The local API server".
 set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=debsource.sh
+. "$HERE/debsource.sh"
 
 OUT=${NODEWARM_KUBE_BIN:-$HOME/.cache/nodewarm/k8s}
 WORK=${NODEWARM_KUBE_WORK:-$HOME/.cache/nodewarm/k8s-build}
@@ -33,17 +36,9 @@ fi
 mkdir -p "$WORK" "$OUT"
 cd "$WORK"
 if ! ls kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
-  # A private source list so the system's apt configuration is never touched.
-  # The machine's own Debian mirror (deb822 `URIs:` or one-line `deb` entries; comments skipped).
-  mirror=$(grep -h -E '^(URIs:|deb )' /etc/apt/sources.list.d/* /etc/apt/sources.list 2>/dev/null \
-           | grep -oE 'https?://[^ ]+/debian/?( |$)' | grep -v security | head -1 | tr -d ' ' || true)
-  mirror=${mirror:-http://deb.debian.org/debian}
-  mkdir -p apt-lists/partial
-  echo "deb-src [trusted=yes] ${mirror%/} bookworm main" > src.list
-  APTO=(-o Dir::Etc::SourceList="$WORK/src.list" -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$WORK/apt-lists")
+  # A private source list so the system's apt configuration is never touched (debsource.sh).
   log "fetching the kubernetes source package"
-  apt-get "${APTO[@]}" update -qq
-  apt-get "${APTO[@]}" source --download-only kubernetes >/dev/null
+  debsource_fetch kubernetes bookworm "$WORK" >/dev/null
 fi
 
 GOPATH=$WORK/gopath
