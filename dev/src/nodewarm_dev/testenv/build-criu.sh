@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Build CRIU >= 4.2 (checkpoint/restore of containers, which runc drives) from Debian sid's `criu` source package.
+# Why not Debian's binary: bookworm's criu 3.17 fails `criu check` on this machine's kernel (its vDSO), and CRIU 4.1
+# fails on TCP sockets on kernels >= 6.16; 4.2.1 (sid's source today) builds against bookworm's libraries and passes.
+# Produces ${NODEWARM_CRIU_BIN:-~/.cache/nodewarm/criu}/criu, a copy of the built binary (linked against the
+# Debian libraries installed below; nodewarm_dev.testenv.criu.criu_binary() finds it). The source and the build tree
+# stay in ~/.cache/nodewarm/criu-src.
+# Idempotent: exits at once when the cached binary runs and reports version >= 4.2 (~30 s to build on 2 cores
+# otherwise).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=debsource.sh
+. "$HERE/debsource.sh"
+
+OUT=${NODEWARM_CRIU_BIN:-$HOME/.cache/nodewarm/criu}
+WORK=${NODEWARM_CRIU_WORK:-$HOME/.cache/nodewarm/criu-src}
+MIN=4.2
+log() { echo "[build-criu] $*" >&2; }
+
+# "Version: 4.2.1" from `criu --version`, or nothing when the binary is missing or does not run.
+version_of() { "$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -1 || true; }
+new_enough() { [[ -n $1 && $(printf '%s\n' "$MIN" "$1" | sort -V | head -1) == "$MIN" ]]; }
+
+have=""
+[[ -x $OUT/criu ]] && have=$(version_of "$OUT/criu")
+if new_enough "$have"; then echo "criu $have already built in $OUT"; exit 0; fi
+if [[ -x $OUT/criu ]]; then
+  log "the cached $OUT/criu ${have:+is $have, }not a working criu >= $MIN: building it again"
+fi
+
+SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+# CRIU's own list (criu/Makefile.packages: uuid-dev is required, -luuid) plus what makes its optional features
+# (libbsd, gnutls, nftables) as Debian's package has them.
+need=()
+for p in gcc make libc6-dev pkg-config xz-utils libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler \
+         protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev \
+         libnftables-dev libgnutls28-dev uuid-dev; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if ((${#need[@]})); then
+  log "installing Debian packages: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+mkdir -p "$WORK" "$OUT"
+orig=$(find "$WORK" -maxdepth 1 -name 'criu_*.orig.tar.*' | sort -V | tail -1)
+if [[ -z $orig ]]; then
+  log "fetching criu's source package (Debian sid)"
+  orig=$(debsource_fetch criu sid "$WORK")
+fi
+ver=$(basename "$orig"); ver=${ver#criu_}; ver=${ver%.orig.tar.*}
+TREE=$WORK/criu-$ver
+if [[ ! -f $TREE/Makefile ]]; then
+  log "unpacking $(basename "$orig")"
+  rm -rf "$TREE" "$TREE.tmp" && mkdir -p "$TREE.tmp"
+  tar -xf "$orig" -C "$TREE.tmp" --strip-components=1
+  mv "$TREE.tmp" "$TREE"
+fi
+
+log "building criu $ver (make criu, ~30 s on 2 cores)"
+make -C "$TREE" -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || {
+  tail -30 "$WORK/build.log" >&2
+  log "FAILED: make criu in $TREE (whole log: $WORK/build.log)"
+  exit 1
+}
+built=$(version_of "$TREE/criu/criu")
+if ! new_enough "$built"; then
+  log "FAILED: $TREE/criu/criu reports version '${built:-none}', need >= $MIN (the source was" \
+      "$(basename "$orig"); remove $WORK to fetch sid's current one)"
+  exit 1
+fi
+cp "$TREE/criu/criu" "$OUT/criu.tmp"
+mv "$OUT/criu.tmp" "$OUT/criu"
+log "done: $OUT/criu, version $built (\`criu check\` as root says whether this kernel supports it)"
