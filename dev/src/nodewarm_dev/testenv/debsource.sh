@@ -37,12 +37,15 @@ debsource_fetch() {
     echo "debsource: $suite has no source package $pkg with an upstream tarball" >&2
     return 1
   fi
-  if ! (cd "$work" && apt-get "${apto[@]}" source --download-only "$pkg" >/dev/null); then
+  # apt's messages go to WORKDIR/apt-source.log and are shown only when the upstream tarball did not come.
+  if ! (cd "$work" && apt-get "${apto[@]}" source --download-only "$pkg" >/dev/null 2>"$work/apt-source.log"); then
     if [[ ! -f $work/$orig ]]; then
+      cat "$work/apt-source.log" >&2
       echo "debsource: could not fetch $orig of $pkg ($suite)" >&2
       return 1
     fi
-    echo "debsource: $pkg ($suite): only the upstream tarball $orig came; it is all that is needed" >&2
+    echo "debsource: $pkg ($suite): only the upstream tarball $orig came, all that is needed" \
+         "(apt's errors: $work/apt-source.log)" >&2
   fi
   echo "$work/$orig"
 }
