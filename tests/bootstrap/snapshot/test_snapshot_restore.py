@@ -1,0 +1,132 @@
+"""A snapshot taken of a running container by runc and CRIU, and the runtime handler turning a create into its
+restore, or into a boot that says why: real runc, real CRIU, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import pytest
+
+from nodewarm.bootstrap.snapshot import checkpoint as snapcheckpoint
+from nodewarm.bootstrap.snapshot.store import Store
+from nodewarm.bootstrap.snapshot.tools import Tools
+from support.runcbox import PodLog
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(tmp_path / "snapshots").open()
+
+
+def take(runc, store, criu, container):
+    """Run ``container`` (through the handler, as the snapshot RuntimeClass runs it) until it has counted a
+    little, then checkpoint it into the store."""
+    assert "no snapshot of this container" in create_and_start(runc, store, criu, container)
+    before = container.wait_count(5)
+    taken = snapcheckpoint.checkpoint(store, Tools("runc", criu, store.criu_config), str(runc.root), container.id)
+    assert runc.status(container.id) != "running", "the dumped container must not run on beside its snapshot"
+    return before, taken
+
+
+def handler(store, criu, argv, stdio: int | None = None) -> subprocess.CompletedProcess:
+    """The handler as containerd's shim runs it: on a create, stdout and stderr are the container's log pipe."""
+    env = dict(os.environ, NODEWARM_RUNC="runc", NODEWARM_CRIU=criu, NODEWARM_SNAPSHOT_ROOT=str(store.root))
+    return subprocess.run([sys.executable, "-m", "nodewarm.bootstrap.snapshot.handler", *argv], env=env,
+                          stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, timeout=180)
+
+
+def create_and_start(runc, store, criu, c) -> str:
+    """Create and start ``c`` through the handler; the pod's log once the handler has said what it did."""
+    log = PodLog(c.bundle / "pod.log")
+    created = handler(store, criu, runc.create_argv(c), log.write_fd)
+    log.close_writer()
+    assert created.returncode == 0, log.text()
+    assert handler(store, criu, ["--root", str(runc.root), "start", c.id]).returncode == 0
+    return log.text("nodewarm snapshot:")
+
+
+def outcome(store, cid) -> dict:
+    return json.loads((store.root / "outcomes" / f"{cid}.json").read_text())
+
+
+def test_a_create_with_a_snapshot_is_the_checkpointed_process_going_on(runc, store, criu):
+    (token, n, shared), taken = take(runc, store, criu, runc.bundle())
+    assert taken.image_bytes > 0
+
+    b = runc.bundle()              # another pod: its own bundle and /out, and a /dev/shm bind mount of its own
+    log = create_and_start(runc, store, criu, b)
+
+    assert runc.status(b.id) == "running"
+    token2, n2, shared2 = b.wait_count(n + 3)
+    assert token2 == token, "a restored process keeps the token it drew at its start"
+    assert n2 > n and shared2 > shared >= n, "it counts on from where it was, in memory and in /dev/shm"
+    assert "restored from the snapshot" in log
+    assert outcome(store, b.id)["result"] == "Restored"
+
+
+def test_a_snapshot_under_another_key_is_refused_and_the_container_boots(runc, store, criu):
+    (token, _, _), _ = take(runc, store, criu, runc.bundle(env={"MODEL_GENERATION": "1"}))
+
+    b = runc.bundle(env={"MODEL_GENERATION": "2"})
+    log = create_and_start(runc, store, criu, b)
+
+    token2, n2, _ = b.state()
+    assert token2 != token and n2 < 50, "a fresh process"
+    assert "another key (differs in env.MODEL_GENERATION)" in log
+    assert outcome(store, b.id)["reason"] == "KeyMismatch"
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_corrupt_or_truncated_image_is_never_restored(runc, store, criu, damage):
+    (token, _, _), taken = take(runc, store, criu, runc.bundle())
+    pages = max(taken.snapshot.images.glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+    else:
+        del data[len(data) // 2:]
+    pages.write_bytes(bytes(data))
+
+    b = runc.bundle()
+    log = create_and_start(runc, store, criu, b)
+
+    assert b.state()[0] != token
+    assert f"{pages.relative_to(taken.snapshot.path)} is" in log and "corrupt or truncated" in log
+    assert outcome(store, b.id)["reason"] == "SnapshotCorrupt"
+
+
+def test_a_node_without_criu_or_with_an_older_one_boots_and_says_why(runc, store, criu, tmp_path):
+    (token, _, _), _ = take(runc, store, criu, runc.bundle())
+    # An older CRIU as a node may have it: bookworm's package answers "Version: 3.17.1".
+    old = tmp_path / "old" / "criu"
+    old.parent.mkdir()
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+
+    for criu_path, said in ((str(tmp_path / "absent" / "criu"), "criu does not run"),
+                            (str(old), "CRIU 3.17.1 at")):
+        b = runc.bundle()
+        log = create_and_start(runc, store, criu_path, b)
+        assert b.state()[0] != token
+        assert said in log, log
+        assert outcome(store, b.id)["reason"] == "NoCRIU"
+
+
+def test_a_failed_restore_is_removed_and_the_container_boots(runc, store, criu, tmp_path, rootfs):
+    (token, _, _), _ = take(runc, store, criu, runc.bundle())
+    # Same key (a plain directory has no layers to tell it apart), but the mapped binary is another file: CRIU
+    # refuses to map it back, and the handler must leave nothing of the attempt.
+    other = tmp_path / "other-rootfs"
+    subprocess.run(["cp", "-a", str(rootfs), str(other)], check=True)
+    with open(other / "counter", "ab") as f:
+        f.write(b"\0" * 4096)
+
+    b = runc.bundle(rootfs=other)
+    log = create_and_start(runc, store, criu, b)
+
+    assert runc.status(b.id) == "running"
+    assert b.state()[0] != token
+    assert "runc restore exited" in log
+    assert outcome(store, b.id)["reason"] == "RestoreFailed"
+    assert not list(store.root.glob(".restore-*")) and not store.was_restored(b.id)

@@ -1,0 +1,142 @@
+"""Real runc containers for the snapshot tests: a static counter in a minimal root filesystem, run straight by
+runc under a private state root (no containerd, no kubelet), checkpointed and restored with the CRIU setup built.
+
+The counter keeps two counts: one in its own memory and one in a MAP_SHARED file in /dev/shm (given as a bind
+mount, as Kubernetes gives a pod's). It writes both, with a random token drawn at start, to /out/state every 50 ms, so a test
+reads whether a process is the same one (its token), went on from where it was (its counts), and found its
+/dev/shm as it left it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+COUNTER_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(void) {
+  unsigned token = 0; int r = open("/dev/urandom", O_RDONLY); read(r, &token, sizeof token); close(r);
+  int fd = open("/dev/shm/nw-counter", O_RDWR | O_CREAT, 0600); ftruncate(fd, 4096);
+  volatile long *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  long n = 0;
+  for (;;) {
+    n++; shared[0]++;
+    FILE *f = fopen("/out/state.tmp", "w");
+    if (f) { fprintf(f, "%08x %ld %ld\n", token, n, shared[0]); fclose(f); rename("/out/state.tmp", "/out/state"); }
+    usleep(50000);
+  }
+}
+"""
+
+
+class PodLog:
+    """A pipe standing for the shim's: what a container (and the handler, on its create) writes to stdout and
+    stderr, drained into ``path``. CRIU saves a pipe as an external end and runc hands the restoring process's
+    stdio to it, as on a real node; a plain file there would be a file CRIU cannot find in the container."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.read_fd, self.write_fd = os.pipe()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        with open(self.path, "ab", buffering=0) as out:
+            while chunk := os.read(self.read_fd, 65536):
+                out.write(chunk)
+
+    def close_writer(self):
+        """Our copy of the writing end: the container (and a restored one) keeps its own."""
+        os.close(self.write_fd)
+
+    def text(self, containing: str = "", timeout: float = 5) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.path.read_text() if self.path.exists() else ""
+            if containing in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
+
+
+@dataclass
+class Container:
+    id: str
+    bundle: Path
+    out: Path
+    shm: Path
+
+    def state(self, timeout: float = 10) -> tuple[str, int, int]:
+        """(token, own count, /dev/shm count) once the counter has written them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                token, n, shared = (self.out / "state").read_text().split()
+                return token, int(n), int(shared)
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        raise AssertionError(f"the counter of {self.id} wrote no state in {timeout}s")
+
+    def wait_count(self, at_least: int, timeout: float = 10) -> tuple[str, int, int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.state(timeout)
+            if s[1] >= at_least or time.monotonic() > deadline:
+                return s
+            time.sleep(0.05)
+
+
+class Runc:
+    """Containers under one private runc root, each with its own bundle, /out and /dev/shm directories."""
+
+    def __init__(self, base: Path, rootfs: Path):
+        self.base, self.rootfs = base, rootfs
+        self.root = base / "runc-root"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ids: list[str] = []
+
+    def bundle(self, name: str = "srv", env: dict[str, str] | None = None, rootfs: Path | None = None) -> Container:
+        cid = f"nwtest-{uuid.uuid4().hex[:10]}"
+        b = self.base / cid
+        (b / "out").mkdir(parents=True)
+        (b / "shm").mkdir()
+        subprocess.run(["runc", "spec", "--bundle", str(b)], check=True)
+        config = json.loads((b / "config.json").read_text())
+        config["process"]["terminal"] = False
+        config["process"]["args"] = ["/counter"]
+        config["process"]["env"] += [f"{k}={v}" for k, v in (env or {}).items()] + [f"HOSTNAME={cid}"]
+        config["root"] = {"path": str(rootfs or self.rootfs), "readonly": True}
+        config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/dev/shm"] + [
+            {"destination": "/dev/shm", "type": "bind", "source": str(b / "shm"), "options": ["rbind", "rw"]},
+            {"destination": "/out", "type": "bind", "source": str(b / "out"), "options": ["rbind", "rw"]},
+        ]
+        config["annotations"] = {
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.container-name": name,
+            "io.kubernetes.cri.sandbox-name": f"pod-{cid}",
+            "io.kubernetes.cri.sandbox-namespace": "serving",
+            "io.kubernetes.cri.image-name": "registry.local/counter:1",
+        }
+        (b / "config.json").write_text(json.dumps(config))
+        self.ids.append(cid)
+        return Container(cid, b, b / "out", b / "shm")
+
+    def create_argv(self, c: Container) -> list[str]:
+        """The create as containerd's shim writes it."""
+        return ["--root", str(self.root), "--log", str(c.bundle / "log.json"), "--log-format", "json",
+                "create", "--bundle", str(c.bundle), "--pid-file", str(c.bundle / "init.pid"), c.id]
+
+    def status(self, cid: str) -> str:
+        out = subprocess.run(["runc", "--root", str(self.root), "state", cid], capture_output=True, text=True)
+        return json.loads(out.stdout)["status"] if out.returncode == 0 else "absent"
+
+    def cleanup(self) -> None:
+        for cid in self.ids:
+            subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid], capture_output=True)
