@@ -140,3 +140,29 @@ class Runc:
     def cleanup(self) -> None:
         for cid in self.ids:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid], capture_output=True)
+
+
+def counter_rootfs(base: Path) -> Path:
+    """A root filesystem holding only the static counter, built with gcc -static (the image's one layer)."""
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "counter.c").write_text(COUNTER_C)
+    root = base / "rootfs"
+    for d in ("out", "dev/shm", "proc", "sys", "tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(root / "counter"), str(base / "counter.c")], check=True)
+    return root
+
+
+def counter_image(base: Path) -> str:
+    """The counter as an image in buildah's local store (from scratch: its root filesystem, entrypoint /counter);
+    returns its local name."""
+    root = counter_rootfs(base)
+    ctr = subprocess.run(["buildah", "from", "scratch"], check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        subprocess.run(["buildah", "copy", "--quiet", ctr, f"{root}/", "/"], check=True, capture_output=True)
+        subprocess.run(["buildah", "config", "--entrypoint", '["/counter"]', ctr], check=True, capture_output=True)
+        name = "localhost/nwtest-counter:1"
+        subprocess.run(["buildah", "commit", "--quiet", ctr, name], check=True, capture_output=True)
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+    return name

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from support.runcbox import COUNTER_C, Runc
+from support.runcbox import Runc, counter_rootfs
 
 
 @pytest.fixture(scope="session")
@@ -23,13 +22,7 @@ def rootfs(tmp_path_factory) -> Path:
     """A root filesystem holding only the static counter (the image's one layer)."""
     if os.geteuid() != 0:
         pytest.fail("the snapshot tests run containers with runc: they need root (the test command runs as root)")
-    base = tmp_path_factory.mktemp("counter")
-    (base / "counter.c").write_text(COUNTER_C)
-    root = base / "rootfs"
-    for d in ("out", "dev/shm", "proc", "sys", "tmp"):
-        (root / d).mkdir(parents=True)
-    subprocess.run(["gcc", "-static", "-O2", "-o", str(root / "counter"), str(base / "counter.c")], check=True)
-    return root
+    return counter_rootfs(tmp_path_factory.mktemp("counter"))
 
 
 @pytest.fixture

@@ -521,6 +521,11 @@ class RealNode:
             raise RuntimeError(f"ctr {' '.join(args)}: {r.stderr.strip()}")
         return r.stdout
 
+    def in_mount_namespace(self, *args: str) -> list[str]:
+        """``args`` as a command run in this node's mount namespace, where containerd mounts containers' root
+        filesystems (what a node's root component sees)."""
+        return ["nsenter", "--target", str(self._containerd.pid), "--mount", "--", *args]
+
     def container_ids(self) -> list[str]:
         return self.ctr("containers", "ls", "-q").split()
 
@@ -675,8 +680,18 @@ def _can_lower_oom_score() -> bool:
     return False
 
 
-def _containerd_config(node: RealNode, root: Path, certs_d: Path, cni_conf: Path, cni_bin: Path) -> str:
+def _containerd_config(node: RealNode, root: Path, certs_d: Path, cni_conf: Path, cni_bin: Path,
+                       runtime_handlers: dict[str, Path]) -> str:
     q = json.dumps     # TOML basic strings are JSON strings
+    # A handler is the same runc shim with another runc binary, under the same runc root (as a node's drop-in adds
+    # one): containerd calls the binary exactly as it calls runc.
+    handlers = "".join(f"""      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{name}]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{name}.options]
+          SystemdCgroup = false
+          BinaryName = {q(str(binary))}
+          Root = {q(str(node.state_dir / "runc"))}
+""" for name, binary in sorted(runtime_handlers.items()))
     return f"""version = 2
 root = {q(str(root))}
 state = {q(str(node.state_dir / "containerd"))}
@@ -704,7 +719,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = false
           Root = {q(str(node.state_dir / "runc"))}
-    [plugins."io.containerd.grpc.v1.cri".cni]
+{handlers}    [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = {q(str(cni_bin))}
       conf_dir = {q(str(cni_conf))}
     [plugins."io.containerd.grpc.v1.cri".registry]
@@ -749,7 +764,8 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
           provider_id: str = "", auth: str = "auto", registries: dict[str, str] | None = None,
           node_ip: str | None = None, max_pods: int = 110, status_update_s: int = 10, wait: bool = True,
           lift_not_ready: bool = True, timeout_s: float = 120, extra_kubelet_args: tuple[str, ...] = (),
-          host_dirs: dict[str, Path] | None = None, services: dict[str, str] | None = None) -> RealNode:
+          host_dirs: dict[str, Path] | None = None, services: dict[str, str] | None = None,
+          runtime_handlers: dict[str, Path] | None = None) -> RealNode:
     """Start containerd and a kubelet registering Node ``name`` with ``cluster``; return once the Node is Ready
     (and, with ``lift_not_ready``, the admission-added not-ready taint is gone). ``taints`` are passed as
     ``--register-with-taints`` exactly (use ``registration_taints``/``from_nodeclaim`` for Karpenter's set),
@@ -766,7 +782,10 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
     this node alone). The path is made on the host as an empty mount point, as SHARED_HOST_DIRS' are.
 
     ``services``: {"VIP:PORT": "HOST:PORT"} the node's pod-network pods reach as a cluster's pods reach ClusterIPs
-    (``kube.KUBERNETES_SERVICE`` to the API server, an S3 server's address): podservices says how."""
+    (``kube.KUBERNETES_SERVICE`` to the API server, an S3 server's address): podservices says how.
+
+    ``runtime_handlers``: {handler name: binary} more containerd runtime handlers, each the runc shim with that
+    binary in runc's place (a RuntimeClass names one), as nodewarm's snapshot handler is installed on a node."""
     preflight()
     labels = dict(labels or {})
     bad = sorted(k for k in labels if not is_kubelet_label(k))
@@ -791,7 +810,7 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
             "bridge": node.bridge}))
     try:
         _start(node, taints, labels, provider_id, auth, registries or {}, node_ip, max_pods, status_update_s,
-               extra_kubelet_args, host_dirs or {}, services or {})
+               extra_kubelet_args, host_dirs or {}, services or {}, runtime_handlers or {})
         if wait:
             node.wait_ready(timeout_s, lift_not_ready)
     except BaseException as e:
@@ -807,7 +826,7 @@ def start(cluster: KubeCluster, name: str, workdir: Path, taints=(), labels: dic
 
 
 def _start(node: RealNode, taints, labels, provider_id, auth, registries, node_ip, max_pods, status_update_s,
-           extra_kubelet_args, host_dirs, services) -> None:
+           extra_kubelet_args, host_dirs, services, runtime_handlers) -> None:
     t0 = time.monotonic()
     w = node.workdir
     root, pki, certs_d, cni_conf, cni_bin = w / "containerd", w / "pki", w / "certs.d", w / "cni", w / "cni-bin"
@@ -837,7 +856,7 @@ def _start(node: RealNode, taints, labels, provider_id, auth, registries, node_i
         plugins.append(podservices.plugin_conf(rules))
     (cni_conf / "10-nodewarm.conflist").write_text(json.dumps({
         "cniVersion": "0.4.0", "name": f"nodewarm-{node.node_id}", "plugins": plugins}, indent=1))
-    (w / "containerd.toml").write_text(_containerd_config(node, root, certs_d, cni_conf, cni_bin))
+    (w / "containerd.toml").write_text(_containerd_config(node, root, certs_d, cni_conf, cni_bin, runtime_handlers))
 
     user, node.auth = _node_credentials(node.cluster, node.name, pki, auth)
     kubeconfig = w / "kubelet.kubeconfig"
