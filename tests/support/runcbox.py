@@ -20,15 +20,29 @@ from pathlib import Path
 
 COUNTER_C = r"""
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#ifdef AMX
+#include <immintrin.h>
+struct tilecfg { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+#endif
 int main(void) {
   unsigned token = 0; int r = open("/dev/urandom", O_RDONLY); read(r, &token, sizeof token); close(r);
   int fd = open("/dev/shm/nw-counter", O_RDWR | O_CREAT, 0600); ftruncate(fd, 4096);
   volatile long *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   long n = 0;
+#ifdef AMX
+  /* As oneDNN does before its AMX kernels: ask for tile data (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 3;
+  struct tilecfg cfg = {0}; cfg.palette = 1; cfg.rows[0] = 16; cfg.colsb[0] = 64;
+#endif
   for (;;) {
+#ifdef AMX
+    _tile_loadconfig(&cfg); _tile_zero(0); _tile_release();
+#endif
     n++; shared[0]++;
     FILE *f = fopen("/out/state.tmp", "w");
     if (f) { fprintf(f, "%08x %ld %ld\n", token, n, shared[0]); fclose(f); rename("/out/state.tmp", "/out/state"); }
@@ -142,15 +156,22 @@ class Runc:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid], capture_output=True)
 
 
-def counter_rootfs(base: Path) -> Path:
-    """A root filesystem holding only the static counter, built with gcc -static (the image's one layer)."""
+def counter_rootfs(base: Path, amx: bool = False) -> Path:
+    """A root filesystem holding only the static counter, built with gcc -static (the image's one layer). With
+    ``amx``, the counter also runs an AMX tile instruction each round, as a CPU engine's bf16 kernels do."""
     base.mkdir(parents=True, exist_ok=True)
     (base / "counter.c").write_text(COUNTER_C)
     root = base / "rootfs"
     for d in ("out", "dev/shm", "proc", "sys", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
-    subprocess.run(["gcc", "-static", "-O2", "-o", str(root / "counter"), str(base / "counter.c")], check=True)
+    flags = ["-DAMX", "-mamx-tile"] if amx else []
+    subprocess.run(["gcc", "-static", "-O2", *flags, "-o", str(root / "counter"), str(base / "counter.c")],
+                   check=True)
     return root
+
+
+def cpu_has_amx() -> bool:
+    return " amx_tile" in Path("/proc/cpuinfo").read_text()
 
 
 def counter_image(base: Path) -> str:

@@ -12,7 +12,7 @@ import pytest
 from nodewarm.bootstrap.snapshot import checkpoint as snapcheckpoint
 from nodewarm.bootstrap.snapshot.store import Store
 from nodewarm.bootstrap.snapshot.tools import Tools
-from support.runcbox import PodLog
+from support.runcbox import PodLog, Runc, counter_rootfs, cpu_has_amx
 
 @pytest.fixture
 def store(tmp_path) -> Store:
@@ -130,3 +130,20 @@ def test_a_failed_restore_is_removed_and_the_container_boots(runc, store, criu, 
     assert "runc restore exited" in log
     assert outcome(store, b.id)["reason"] == "RestoreFailed"
     assert not list(store.root.glob(".restore-*")) and not store.was_restored(b.id)
+
+
+def test_a_process_that_used_amx_tiles_goes_on_after_its_restore(store, criu, tmp_path):
+    """The permission to use AMX tile data is kernel state CRIU does not save: without setup's CRIU patch the
+    restored counter dies of SIGILL at its next tile instruction (vLLM's worker did, at its first request)."""
+    if not cpu_has_amx():
+        pytest.skip("this CPU has no AMX (amx_tile): the permission a restore must ask again does not exist here")
+    amx = Runc(tmp_path / "amx", counter_rootfs(tmp_path / "amx-image", amx=True))
+    try:
+        (token, n, _), _ = take(amx, store, criu, amx.bundle())
+        b = amx.bundle()
+        assert "restored from the snapshot" in create_and_start(amx, store, criu, b)
+        token_b, n_b, _ = b.wait_count(n + 10)
+        assert token_b == token and n_b >= n + 10, "the restored counter ran ten more rounds of tile instructions"
+        assert amx.status(b.id) == "running"
+    finally:
+        amx.cleanup()

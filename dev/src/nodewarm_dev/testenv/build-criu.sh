@@ -5,8 +5,11 @@
 # Produces ${NODEWARM_CRIU_BIN:-~/.cache/nodewarm/criu}/criu, a copy of the built binary (linked against the
 # Debian libraries installed below; nodewarm_dev.testenv.criu.criu_binary() finds it). The source and the build tree
 # stay in ~/.cache/nodewarm/criu-src.
-# Idempotent: exits at once when the cached binary runs and reports version >= 4.2 (~30 s to build on 2 cores
-# otherwise).
+# One patch on top (criu-xtile-permission.patch): a restored process asks the kernel for AMX tile data again, as the
+# permission is kernel state CRIU does not save; without it a vLLM engine that ran oneDNN's or Inductor's AMX kernels
+# dies of SIGILL at its next request (docs/snapshots.md).
+# Idempotent: exits at once when the cached binary runs, reports version >= 4.2 and was built with this patch
+# (~30 s to build on 2 cores otherwise).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=debsource.sh
@@ -15,6 +18,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${NODEWARM_CRIU_BIN:-$HOME/.cache/nodewarm/criu}
 WORK=${NODEWARM_CRIU_WORK:-$HOME/.cache/nodewarm/criu-src}
 MIN=4.2
+PATCH=$HERE/criu-xtile-permission.patch
+STAMP=$(sha256sum "$PATCH" | cut -c1-16)      # the patch the cached binary and the build tree carry
 log() { echo "[build-criu] $*" >&2; }
 
 # "Version: 4.2.1" from `criu --version`, or nothing when the binary is missing or does not run.
@@ -23,9 +28,11 @@ new_enough() { [[ -n $1 && $(printf '%s\n' "$MIN" "$1" | sort -V | head -1) == "
 
 have=""
 [[ -x $OUT/criu ]] && have=$(version_of "$OUT/criu")
-if new_enough "$have"; then echo "criu $have already built in $OUT"; exit 0; fi
+if new_enough "$have" && [[ $(cat "$OUT/criu.patch" 2>/dev/null) == "$STAMP" ]]; then
+  echo "criu $have already built in $OUT"; exit 0
+fi
 if [[ -x $OUT/criu ]]; then
-  log "the cached $OUT/criu ${have:+is $have, }not a working criu >= $MIN: building it again"
+  log "the cached $OUT/criu ${have:+is $have, }not a working criu >= $MIN with this patch: building it again"
 fi
 
 SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
@@ -34,7 +41,7 @@ SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
 need=()
 for p in gcc make libc6-dev pkg-config xz-utils libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler \
          protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev \
-         libnftables-dev libgnutls28-dev uuid-dev; do
+         libnftables-dev libgnutls28-dev uuid-dev patch; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -51,10 +58,12 @@ if [[ -z $orig ]]; then
 fi
 ver=$(basename "$orig"); ver=${ver#criu_}; ver=${ver%.orig.tar.*}
 TREE=$WORK/criu-$ver
-if [[ ! -f $TREE/Makefile ]]; then
-  log "unpacking $(basename "$orig")"
+if [[ ! -f $TREE/Makefile || $(cat "$TREE/.nodewarm-patch" 2>/dev/null) != "$STAMP" ]]; then
+  log "unpacking $(basename "$orig") and applying $(basename "$PATCH")"
   rm -rf "$TREE" "$TREE.tmp" && mkdir -p "$TREE.tmp"
   tar -xf "$orig" -C "$TREE.tmp" --strip-components=1
+  patch -s -p1 -d "$TREE.tmp" <"$PATCH"
+  echo "$STAMP" >"$TREE.tmp/.nodewarm-patch"
   mv "$TREE.tmp" "$TREE"
 fi
 
@@ -72,4 +81,5 @@ if ! new_enough "$built"; then
 fi
 cp "$TREE/criu/criu" "$OUT/criu.tmp"
 mv "$OUT/criu.tmp" "$OUT/criu"
+echo "$STAMP" >"$OUT/criu.patch"
 log "done: $OUT/criu, version $built (\`criu check\` as root says whether this kernel supports it)"
