@@ -63,6 +63,7 @@ def test_a_create_with_a_snapshot_is_the_checkpointed_process_going_on(runc, sto
     assert n2 > n and shared2 > shared >= n, "it counts on from where it was, in memory and in /dev/shm"
     assert "restored from the snapshot" in log
     assert outcome(store, b.id)["result"] == "Restored"
+    assert not list(store.root.glob(".restore-*")), "a restore that worked leaves no work directory"
 
 
 def test_a_snapshot_under_another_key_is_refused_and_the_container_boots(runc, store, criu):

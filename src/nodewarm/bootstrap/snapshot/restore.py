@@ -82,6 +82,7 @@ def _restore(call, store, tools, snapshot, outcome, timeout) -> bool:
         except subprocess.TimeoutExpired:
             rc, why = -1, f"runc restore did not finish in {timeout:.0f}s"
         if rc == 0:
+            shutil.rmtree(work, ignore_errors=True)      # CRIU's log of a restore that worked: nothing to keep
             store.mark_restored(call.container_id)
             outcome.restored(snapshot.path.name)
             return True
