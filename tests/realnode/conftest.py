@@ -32,7 +32,8 @@ from support.realcluster import print_logs
 SYSTEM_NODE = "node-rn-system"        # the controller's: no GPU, no taint
 CONTROLLER_NS = "nodewarm"
 # Every real node of this package, registered up front (kubeenv writes each one's credentials).
-NODE_NAMES = ("node-rn-agent", "node-rn-small", "node-rn-serving", "node-rn-snapshot", SYSTEM_NODE)
+NODE_NAMES = ("node-rn-agent", "node-rn-small", "node-rn-serving", "node-rn-snapshot", "node-rn-engine-snapshot",
+              SYSTEM_NODE)
 
 
 @pytest.fixture(scope="package")
