@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +22,13 @@ import pytest
 from kubernetes import client as kc
 
 from nodewarm_dev.testenv import podrun, realnode, vllmclient
-from nodewarm_dev.testenv.criu import criu_binary
 from support.controller_fixtures import wait_for
+from support import snapshotnode
 from support.realcluster import print_logs
 
 pytestmark = [pytest.mark.kube, pytest.mark.slow, pytest.mark.realnode, pytest.mark.vllm]
 
 NODE, HANDLER, MODEL = "node-rn-engine-snapshot", "nwsnap-engine", "tiny"
-SRC = Path(__file__).resolve().parents[2] / "src"
 # A v1.20 kubelet reads Localhost seccomp profiles from here, whatever its --root-dir.
 SECCOMP_DIR = Path("/var/lib/kubelet/seccomp")
 NO_IO_URING = {"defaultAction": "SCMP_ACT_ALLOW",
@@ -38,15 +36,6 @@ NO_IO_URING = {"defaultAction": "SCMP_ACT_ALLOW",
 ENV = {"VLLM_CACHE_ROOT": "/cache/vllm", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
        "TRITON_CACHE_DIR": "/cache/triton", "XDG_CACHE_HOME": "/cache/xdg", "VLLM_CPU_KVCACHE_SPACE": "1",
        "VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
-
-
-def _handler_script(path: Path, store: Path) -> Path:
-    runc = subprocess.run(["which", "runc"], capture_output=True, text=True, check=True).stdout.strip()
-    path.write_text("#!/bin/sh\n"
-                    f"exec env NODEWARM_SNAPSHOT_ROOT={store} NODEWARM_CRIU={criu_binary()} NODEWARM_RUNC={runc} "
-                    f"PYTHONPATH={SRC} {sys.executable} -m nodewarm.bootstrap.snapshot.handler \"$@\"\n")
-    path.chmod(0o755)
-    return path
 
 
 def _pod(name: str, image: str, seccomp: str) -> dict:
@@ -64,10 +53,6 @@ def _pod(name: str, image: str, seccomp: str) -> dict:
                                           {"name": "cache", "mountPath": "/cache"}]}],
                      "volumes": [{"name": "models", "hostPath": {"path": "/nwtest-models"}},
                                  {"name": "cache", "hostPath": {"path": "/nwtest-cache"}}]}}
-
-
-def _log(node, name: str) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(node.log_dir.glob(f"default_{name}_*/vllm/*.log")))
 
 
 def _running(core, name: str):
@@ -91,37 +76,33 @@ def test_the_restored_engine_answers_as_the_cold_one(cluster, registry, serving_
     (SECCOMP_DIR / seccomp).write_text(json.dumps(NO_IO_URING))
     node = realnode.start(cluster, NODE, tmp_path / "n", registries={registry: f"http://{registry}"},
                           host_dirs={"/nwtest-models": models, "/nwtest-cache": cache},
-                          runtime_handlers={HANDLER: _handler_script(tmp_path / "nodewarm-runc", store)})
+                          runtime_handlers={HANDLER: snapshotnode.handler_script(tmp_path / "nodewarm-runc", store)})
     core = kc.CoreV1Api(cluster.api_client())
+
+    def log(pod: str) -> str:
+        return snapshotnode.container_log(node, pod, "vllm")
+
     try:
-        kc.NodeV1Api(cluster.api_client()).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": HANDLER},
-             "handler": HANDLER})
+        snapshotnode.create_runtime_class(cluster.api_client(), HANDLER)
         core.create_namespaced_pod("default", _pod("cold", serving_image, seccomp))
         cold = _running(core, "cold")
         base = f"http://{cold.status.pod_ip}:8000"
-        vllmclient.wait_ready(base, timeout=600, log_tail=lambda: _log(node, "cold"))
+        vllmclient.wait_ready(base, timeout=600, log_tail=lambda: log("cold"))
         answer = vllmclient.complete(base, MODEL, max_tokens=12)["choices"][0]["text"]
-        assert "booting instead: no snapshot of this container on this node" in _log(node, "cold")
+        assert "booting instead: no snapshot of this container on this node" in log("cold")
 
         cid = cold.status.container_statuses[0].container_id.split("//", 1)[1]
-        taken = subprocess.run(node.in_mount_namespace(
-            sys.executable, "-m", "nodewarm.bootstrap.snapshot.cli", "checkpoint", "--store", str(store),
-            "--runc-root", str(node.state_dir / "runc" / "k8s.io"), "--criu", str(criu_binary()), cid),
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, capture_output=True, text=True,
-            timeout=300)
-        assert taken.returncode == 0, taken.stderr
-        print("checkpoint:", taken.stdout.strip())
+        print("checkpoint:", snapshotnode.checkpoint(node, store, cid))
 
         created = time.monotonic()
         core.create_namespaced_pod("default", _pod("restored", serving_image, seccomp))
         restored = _running(core, "restored")
         base = f"http://{restored.status.pod_ip}:8000"
-        vllmclient.wait_ready(base, timeout=60, log_tail=lambda: _log(node, "restored"))
+        vllmclient.wait_ready(base, timeout=60, log_tail=lambda: log("restored"))
         first = vllmclient.complete(base, MODEL, max_tokens=12)["choices"][0]["text"]
         print(f"restored engine: first completion {time.monotonic() - created:.1f}s after its pod's create")
         assert first == answer, "the restored engine answers the cold engine's greedy completion"
-        assert "restored from the snapshot" in wait_for(lambda: _log(node, "restored"), timeout_s=30,
+        assert "restored from the snapshot" in wait_for(lambda: log("restored"), timeout_s=30,
                                                         what="the restored pod's log")
 
         with ThreadPoolExecutor(4) as pool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from kubernetes import client as kc
 
 from nodewarm_dev.testenv import realnode
-from nodewarm_dev.testenv.criu import criu_binary
+from support import snapshotnode
 from support.controller_fixtures import wait_for
 from support.realcluster import print_logs
 from support.runcbox import counter_image
@@ -25,17 +24,6 @@ from support.runcbox import counter_image
 pytestmark = [pytest.mark.kube, pytest.mark.realnode]
 
 NODE, HANDLER = "node-rn-snapshot", "nwsnap"
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def _handler_script(path: Path, store: Path) -> Path:
-    """What a node installs as the handler's binary: the product's handler with its settings."""
-    runc = subprocess.run(["which", "runc"], capture_output=True, text=True, check=True).stdout.strip()
-    path.write_text("#!/bin/sh\n"
-                    f"exec env NODEWARM_SNAPSHOT_ROOT={store} NODEWARM_CRIU={criu_binary()} NODEWARM_RUNC={runc} "
-                    f"PYTHONPATH={SRC} {sys.executable} -m nodewarm.bootstrap.snapshot.handler \"$@\"\n")
-    path.chmod(0o755)
-    return path
 
 
 def _pod(name: str, ref: str, env: dict[str, str]) -> dict:
@@ -58,11 +46,6 @@ def _state(out: Path, name: str, at_least: int = 1) -> tuple[str, int, int]:
     return wait_for(read, timeout_s=60, what=f"pod {name}'s counter to write its state")
 
 
-def _log(node, name: str) -> str:
-    logs = sorted(node.log_dir.glob(f"default_{name}_*/counter/*.log"))
-    return "".join(p.read_text(errors="replace") for p in logs)
-
-
 def test_a_pod_of_the_snapshot_runtime_class_starts_from_the_snapshot_of_the_same_container(
         cluster, registry, tmp_path):
     local = counter_image(tmp_path / "image")
@@ -71,31 +54,27 @@ def test_a_pod_of_the_snapshot_runtime_class_starts_from_the_snapshot_of_the_sam
                    capture_output=True, timeout=300)
     store, out = tmp_path / "snapshots", tmp_path / "out"
     out.mkdir()
-    handler = _handler_script(tmp_path / "nodewarm-runc", store)
+    handler = snapshotnode.handler_script(tmp_path / "nodewarm-runc", store)
     node = realnode.start(cluster, NODE, tmp_path / "n", registries={registry: f"http://{registry}"},
                           host_dirs={"/nwtest-out": out}, runtime_handlers={HANDLER: handler})
     core = kc.CoreV1Api(cluster.api_client())
+
+    def log(pod: str) -> str:
+        return snapshotnode.container_log(node, pod, "counter")
+
     try:
-        kc.NodeV1Api(cluster.api_client()).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": HANDLER},
-             "handler": HANDLER})
+        snapshotnode.create_runtime_class(cluster.api_client(), HANDLER)
         env = {"MODEL_GENERATION": "1"}
         core.create_namespaced_pod("default", _pod("a", ref, env))
         token, n, _ = _state(out, "a", at_least=5)
-        wait_for(lambda: "booting instead: no snapshot of this container on this node" in _log(node, "a"),
+        wait_for(lambda: "booting instead: no snapshot of this container on this node" in log("a"),
                  timeout_s=30, what="pod a's log to say why it booted")
 
         def container_id():
             statuses = core.read_namespaced_pod("a", "default").status.container_statuses or ()
             return statuses and statuses[0].container_id and statuses[0].container_id.split("//", 1)[1]
         cid = wait_for(container_id, timeout_s=30, what="pod a's container id in its status")
-        taken = subprocess.run(node.in_mount_namespace(
-            sys.executable, "-m", "nodewarm.bootstrap.snapshot.cli", "checkpoint", "--store", str(store),
-            "--runc-root", str(node.state_dir / "runc" / "k8s.io"), "--criu", str(criu_binary()), cid),
-            env={"PYTHONPATH": str(SRC), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, capture_output=True, text=True,
-            timeout=120)
-        assert taken.returncode == 0, taken.stderr
-        slot = json.loads(taken.stdout)["slot"]
+        slot = snapshotnode.checkpoint(node, store, cid)["slot"]
         assert slot.startswith("counter-")
 
         started = time.monotonic()
@@ -103,7 +82,7 @@ def test_a_pod_of_the_snapshot_runtime_class_starts_from_the_snapshot_of_the_sam
         token_b, n_b, shared_b = _state(out, "b", at_least=n + 3)
         assert token_b == token, "pod b runs the process pod a checkpointed"
         assert shared_b > n_b - n, "its /dev/shm count went on from pod a's"
-        wait_for(lambda: f"restored from the snapshot {slot}" in _log(node, "b"), timeout_s=30,
+        wait_for(lambda: f"restored from the snapshot {slot}" in log("b"), timeout_s=30,
                  what="pod b's log to say it was restored")
         outcome = next(json.loads(p.read_text()) for p in (store / "outcomes").glob("*.json")
                        if json.loads(p.read_text())["pod"] == "default/b")
@@ -114,7 +93,7 @@ def test_a_pod_of_the_snapshot_runtime_class_starts_from_the_snapshot_of_the_sam
         token_c, _, _ = _state(out, "c")
         assert token_c != token
         assert "another key (differs in env.MODEL_GENERATION)" in wait_for(
-            lambda: "another key" in _log(node, "c") and _log(node, "c"), timeout_s=30, what="pod c's log")
+            lambda: "another key" in log("c") and log("c"), timeout_s=30, what="pod c's log")
     except BaseException:
         print_logs(node)
         raise

@@ -35,20 +35,11 @@ if [[ -x $OUT/criu ]]; then
   log "the cached $OUT/criu ${have:+is $have, }not a working criu >= $MIN with this patch: building it again"
 fi
 
-SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
 # CRIU's own list (criu/Makefile.packages: uuid-dev is required, -luuid) plus what makes its optional features
 # (libbsd, gnutls, nftables) as Debian's package has them.
-need=()
-for p in gcc make libc6-dev pkg-config xz-utils libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler \
-         protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev \
-         libnftables-dev libgnutls28-dev uuid-dev patch; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if ((${#need[@]})); then
-  log "installing Debian packages: ${need[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+debsource_need build-criu gcc make libc6-dev pkg-config xz-utils libprotobuf-dev libprotobuf-c-dev \
+  protobuf-c-compiler protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libaio-dev libbsd-dev \
+  libnftables-dev libgnutls28-dev uuid-dev patch
 
 mkdir -p "$WORK" "$OUT"
 orig=$(find "$WORK" -maxdepth 1 -name 'criu_*.orig.tar.*' | sort -V | tail -1)

@@ -9,18 +9,11 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${NODEWARM_KUBE_BIN:-$HOME/.cache/nodewarm/k8s}
 log() { echo "[build-kubelet] $*" >&2; }
-SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+# shellcheck source-path=SCRIPTDIR source=debsource.sh
+. "$HERE/debsource.sh"
 
-need=()
-for p in containerd runc containernetworking-plugins iptables gcc libc6-dev; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if ((${#need[@]})); then
-  log "installing Debian packages: ${need[*]}"
-  $SUDO apt-get update -qq
-  # No systemd here (or a unit not enabled): the packaged containerd service is never what realnode.py runs.
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# No systemd here (or a unit not enabled): the packaged containerd service is never what realnode.py runs.
+debsource_need build-kubelet containerd runc containernetworking-plugins iptables gcc libc6-dev
 
 NODEWARM_KUBE_EXTRA_BINS="kubelet ${NODEWARM_KUBE_EXTRA_BINS:-}" bash "$HERE/build-kube.sh"
 

@@ -5,7 +5,23 @@
 #   orig=$(debsource_fetch kubernetes bookworm "$WORK")     # prints the path of the upstream (orig) tarball
 #
 # build-kube.sh (bookworm's kubernetes) and build-criu.sh (sid's criu) use it: the one home of how this machine's
-# Debian mirror is found.
+# Debian mirror is found. It also installs the Debian packages a build script needs (debsource_need).
+
+# debsource_need LOG_PREFIX PACKAGE...: install those of the packages dpkg does not have (no recommends), as root
+# or through sudo; nothing when all are there.
+debsource_need() {
+  local prefix=$1 p sudo=""
+  shift
+  local need=()
+  for p in "$@"; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  ((${#need[@]})) || return 0
+  [[ $(id -u) -eq 0 ]] || sudo=sudo
+  echo "[$prefix] installing Debian packages: ${need[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}
 
 # The machine's own Debian mirror (deb822 `URIs:` or one-line `deb` entries; comments skipped; not the security
 # archive), else deb.debian.org.
