@@ -9,14 +9,13 @@ says what is missing and how to get it instead of failing later inside runc.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
-BUILD_SCRIPT = "bash dev/src/nodewarm_dev/testenv/build-criu.sh"
-MIN_VERSION = (4, 2, 0)
+# The product's reading of `criu --version`: one home, the one the node's handler uses.
+from nodewarm.bootstrap.snapshot.nodefacts import parse_criu_version as parse_version
 
-_VERSION = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
+BUILD_SCRIPT = "bash dev/src/nodewarm_dev/testenv/build-criu.sh"
 
 
 def criu_bin_dir() -> Path:
@@ -34,18 +33,9 @@ def criu_binary() -> Path:
     return path
 
 
-def parse_version(output: str) -> tuple[int, int, int]:
-    """(major, minor, patch) from ``criu --version`` output (``Version: 4.2.1``; a missing patch reads as 0).
-    Raises ValueError when there is no version line."""
-    m = _VERSION.search(output)
-    if not m:
-        raise ValueError(f"no 'Version: X.Y[.Z]' line in criu --version output: {output.strip()[:200]!r}")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-
-
 def criu_version(path: Path | str) -> tuple[int, int, int]:
     """The version the criu binary at ``path`` reports (``criu --version``), e.g. (4, 2, 1): what tells the cached
-    build (>= MIN_VERSION) from an older criu that fails on this kernel."""
+    build (>= nodefacts.MIN_CRIU) from an older criu that fails on this kernel."""
     run = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
     if run.returncode != 0:
         raise RuntimeError(f"{path} --version exited {run.returncode}: {(run.stderr or run.stdout).strip()[:300]}")

@@ -27,7 +27,7 @@ def parse_criu_version(text: str) -> tuple[int, int, int]:
     """``criu --version`` ("Version: 4.2.1", or "Version: 4.2" for a .0 release) as a tuple."""
     m = re.search(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.M)
     if not m:
-        raise ValueError(f"no version in {text.strip()[:80]!r}")
+        raise ValueError(f"no 'Version: X.Y[.Z]' line in criu --version output: {text.strip()[:200]!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 

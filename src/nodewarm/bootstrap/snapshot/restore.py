@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nodewarm.bootstrap.snapshot import key as snapkey
 from nodewarm.bootstrap.snapshot import devshm, nodefacts, runcargs
-from nodewarm.bootstrap.snapshot.store import Store, SnapshotUnusable, verify
+from nodewarm.bootstrap.snapshot.store import SnapshotUnusable, Store, verify, write_file
 from nodewarm.bootstrap.snapshot.tools import Tools, log_tail
 
 RESTORED = "Restored"
@@ -36,7 +36,7 @@ def try_restore(call: runcargs.RuncCall, store: Store, *, runc: str, criu: str, 
         return False                       # the sandbox's pause container, or not a Kubernetes container
     own = devshm.with_own_shm(config)
     if own is not None:                    # booted or restored, the container's /dev/shm is its own
-        _rewrite(bundle / "config.json", own)
+        write_file(bundle / "config.json", json.dumps(own))
         config = own
     pod = (f"{annotations.get(snapkey.SANDBOX_NAMESPACE_ANNOTATION, '')}/"
            f"{annotations.get(snapkey.SANDBOX_NAME_ANNOTATION, '')}")
@@ -62,12 +62,6 @@ def try_restore(call: runcargs.RuncCall, store: Store, *, runc: str, criu: str, 
     except Exception as e:                 # the handler must never stop a pod from booting
         return outcome.booted("HandlerError", f"{type(e).__name__}: {e}")
     return _restore(call, store, tools, snapshot, outcome, timeout)
-
-
-def _rewrite(path: Path, config: dict) -> None:
-    tmp = path.with_name(path.name + ".nodewarm")
-    tmp.write_text(json.dumps(config))
-    os.replace(tmp, path)
 
 
 def _restore(call, store, tools, snapshot, outcome, timeout) -> bool:
@@ -119,10 +113,6 @@ class _Outcome:
                "container": self.container, "containerID": self.container_id,
                "seconds": round(time.monotonic() - self.started, 3), "at": time.time()}
         try:
-            out = self.store.root / "outcomes"
-            out.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = out / f".{self.container_id}.tmp"
-            tmp.write_text(json.dumps(doc, sort_keys=True))
-            os.replace(tmp, out / f"{self.container_id}.json")
-        except OSError:
+            self.store.record_outcome(self.container_id, doc)
+        except (OSError, ValueError):
             pass

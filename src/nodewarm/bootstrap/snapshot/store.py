@@ -3,7 +3,7 @@
     <root>/                    0700, root's
       criu.conf                CRIU's options for every dump and restore here (CRIU_CONFIG_FILE)
       <slot>/                  a published snapshot: key.json, manifest.json, images/ (CRIU's)
-      .staging-<slot>-<rand>/  one being taken; a crash leaves it, the next ``open`` removes it
+      .staging-<slot>-<rand>/  one being taken; a crash leaves it, ``sweep`` removes it
       restored/<id>            containers the handler restored: their ``start`` is already done
       outcomes/<id>.json       what the handler decided for a container, and why (the agent's Event)
 
@@ -54,17 +54,26 @@ class Store:
         return self.root / "criu.conf"
 
     def open(self) -> "Store":
-        """Make the root (0700) and CRIU's options; remove what a crash left half-written."""
+        """Make the root (0700) and CRIU's options. Every user of the store opens it (the handler on each create),
+        so this never touches a snapshot being taken: ``sweep`` is for the one component that takes them."""
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         (self.root / "restored").mkdir(mode=0o700, exist_ok=True)
         if not self.criu_config.exists() or self.criu_config.read_text() != CRIU_OPTIONS:
-            _write(self.criu_config, CRIU_OPTIONS)
-        for leftover in self.root.glob(".staging-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        for leftover in self.root.glob(".old-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            write_file(self.criu_config, CRIU_OPTIONS)
         return self
+
+    def sweep(self) -> None:
+        """Remove what a crash left half-written. Only while no checkpoint runs (the agent, as it starts): a
+        staging directory of a checkpoint in progress looks the same."""
+        for leftover in (*self.root.glob(".staging-*"), *self.root.glob(".old-*")):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def record_outcome(self, container_id: str, doc: dict[str, Any]) -> None:
+        """What the handler decided for a container, for the agent's Event."""
+        out = self.root / "outcomes"
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_file(out / f"{_safe_id(container_id)}.json", json.dumps(doc, sort_keys=True))
 
     def stage(self, slot: str) -> Path:
         """A fresh directory to take a snapshot into (images/ made)."""
@@ -75,8 +84,8 @@ class Store:
     def publish(self, staging: Path, slot: str, key: dict[str, Any]) -> Snapshot:
         """Seal ``staging`` (manifest, key) and make it the slot's snapshot, replacing any other in one rename."""
         manifest = {rel: [size, digest] for rel, size, digest in _files(staging)}
-        _write(staging / _MANIFEST, json.dumps(manifest, sort_keys=True, indent=1))
-        _write(staging / _KEY, json.dumps(key, sort_keys=True, indent=1))
+        write_file(staging / _MANIFEST, json.dumps(manifest, sort_keys=True, indent=1))
+        write_file(staging / _KEY, json.dumps(key, sort_keys=True, indent=1))
         _fsync_tree(staging)
         target = self.root / slot
         old = None
@@ -111,7 +120,7 @@ class Store:
                       and p.name not in _NOT_SLOTS)
 
     def mark_restored(self, container_id: str) -> None:
-        _write(self.root / "restored" / _safe_id(container_id), "")
+        write_file(self.root / "restored" / _safe_id(container_id), "")
 
     def was_restored(self, container_id: str) -> bool:
         return (self.root / "restored" / _safe_id(container_id)).exists()
@@ -161,7 +170,8 @@ def _safe_id(container_id: str) -> str:
     return container_id
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
+    """``path`` replaced whole by ``text`` (0600, synced): a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
