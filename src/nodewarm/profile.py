@@ -164,6 +164,7 @@ def from_dict(doc: dict) -> WarmProfile:
             allow_eager=sv.get("allowEager", default("serving.allowEager")),
             cpu_request=sv.get("resources", {}).get("cpu"),
             memory_request=sv.get("resources", {}).get("memory"),
+            snapshot=sv.get("snapshot", {}).get("enabled", default("serving.snapshot.enabled")),
         ),
         nodes=Nodes(
             mode=n["mode"],
@@ -400,6 +401,23 @@ def check_engine_check(p: WarmProfile) -> None:
                            "nodewarm installed here (or configure spec.compileCache.publisher, whose image is used)")
 
 
+def check_snapshot(p: WarmProfile) -> None:
+    """serving.snapshot, when enabled: an AL2023 node, whose user data installs the runtime handler, and the engine
+    check, whose engine is the one checkpointed."""
+    if not p.serving.snapshot:
+        return
+    if p.uses_daemonset:
+        where = "Auto Mode" if p.nodes.mode == "automode" else "Bottlerocket"
+        raise ProfileError("spec.serving.snapshot.enabled", True,
+                           f"{where} nodes take no user data that could install the snapshot runtime handler in "
+                           "containerd; remove it, or use self-managed AL2023 nodes (spec.nodes.mode: karpenter, "
+                           "amiAlias al2023@...)")
+    if not p.readiness.engine_check.enabled:
+        raise ProfileError("spec.serving.snapshot.enabled", True,
+                           "the snapshot is taken of the engine check's vLLM once it has answered: set "
+                           "spec.readiness.engineCheck.enabled: true as well")
+
+
 def check_peers(p: WarmProfile) -> None:
     """Peers need a shared key each node of the profile can read and no other can: the controller binds it to each
     node's own identity (system:node:<name>). The DaemonSet's agents share one ServiceAccount, which cannot tell
@@ -467,6 +485,7 @@ def check(p: WarmProfile, types: dict[str, instancetypes.InstanceType]) -> None:
     check_aws(p)
     check_prepull_timeout(p)
     check_engine_check(p)
+    check_snapshot(p)
     check_nodepool(p)
     check_peers(p)
     for i, name in enumerate(n.instance_types):

@@ -91,6 +91,7 @@ class Serving:
     allow_eager: bool
     cpu_request: str | None             # None: sized from the GPUs (nodewarm/nodeclasses/vllm.py)
     memory_request: str | None
+    snapshot: bool = False              # spec.serving.snapshot.enabled (nodewarm.api.snapshot)
 
     @property
     def chunk_bytes(self) -> int:
