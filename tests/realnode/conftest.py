@@ -15,6 +15,7 @@ image cannot be made.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ from nodewarm.controller import manifests
 from nodewarm.controller.kube import PODS, Kube
 from nodewarm.kubeapply import apply
 from nodewarm_dev.testenv import kube as kubeenv
-from nodewarm_dev.testenv import realnode
+from nodewarm_dev.testenv import podrun, realnode
 from nodewarm_dev.testenv import registry as registry_server
 from nodewarm_dev.testenv.crds import all_crds
 from support import images
@@ -110,3 +111,15 @@ def controller_pod(cluster, image, tmp_path_factory):
         raise
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="package")
+def tiny_model(tmp_path_factory) -> dict[str, bytes]:
+    """The tiny Llama of nodewarm_dev.testenv.tinymodel (two safetensors shards), as files: the
+    serving tests put it in S3 for the node agent to pull."""
+    dest = tmp_path_factory.mktemp("tiny") / "model"
+    venv = podrun.require_serving_venv()
+    run = subprocess.run([str(venv / "bin" / "python3"), str(Path(podrun.__file__).with_name("tinymodel.py")),
+                          str(dest), "--shards", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}

@@ -15,16 +15,14 @@ The cluster around it (API server, controllers, the nodewarm controller's pod, t
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
 from nodewarm import profile
 from nodewarm.controller.kube import EVENTS, NODES, PODS, Kube
-from nodewarm_dev.testenv import podrun, vllmclient
+from nodewarm_dev.testenv import vllmclient
 from support.bootstrap_fixtures import put_model
 from support.builders import NO_CACHE, v
 from support.controller_fixtures import wait_for
@@ -35,16 +33,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.s3, pytest.mark.slow, pytest.mark.re
 NODE, NAME, POOL = "node-rn-serving", "served", "served-pool"
 BOOT_TIMEOUT_S = 600
 
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> dict[str, bytes]:
-    """The tiny Llama of nodewarm_dev.testenv.tinymodel (two safetensors shards), as files."""
-    dest = tmp_path_factory.mktemp("tiny") / "model"
-    venv = podrun.require_serving_venv()
-    run = subprocess.run([str(venv / "bin" / "python3"), str(Path(podrun.__file__).with_name("tinymodel.py")),
-                          str(dest), "--shards", "2"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    return {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
 
 
 def _tainted(k: Kube, key: str) -> bool:

@@ -35,11 +35,12 @@ def print_logs(node: realnode.RealNode) -> None:
 
 @contextlib.contextmanager
 def joined(cluster, registry_host: str, s3, tmp_path: Path, doc: dict, node_name: str, nvme: Path, *,
-           with_deployment: bool = False):
+           with_deployment: bool = False, runtime_handlers: dict[str, Path] | None = None):
     """The profile ``doc`` rendered and applied as a user would (the vLLM Deployment only ``with_deployment``), and a
     real node of its pool launched, joined and registered, its NVMe folder ``nvme``; yields the running node. The
     agent gets the S3 server's credentials as the Pod Identity agent would give them, and the endpoint through a
-    ClusterIP Service. Stopped (and its logs printed on a failure) afterwards."""
+    ClusterIP Service; ``runtime_handlers`` go to its containerd (realnode.start). Stopped (and its logs printed on
+    a failure) afterwards."""
     k = Kube(cluster.api_client())
     p = profile.from_dict(doc)
     docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
@@ -52,7 +53,8 @@ def joined(cluster, registry_host: str, s3, tmp_path: Path, doc: dict, node_name
     node = realnode.start(cluster, node_name, tmp_path / "n", **realnode.from_nodeclaim(claim),
                           registries={registry_host: f"http://{registry_host}"}, host_dirs={p.nodes.cache_mount: nvme},
                           services={kubeenv.KUBERNETES_SERVICE: cluster.server.removeprefix("https://"),
-                                    S3_SERVICE: s3.endpoint.removeprefix("http://")})
+                                    S3_SERVICE: s3.endpoint.removeprefix("http://")},
+                          runtime_handlers=runtime_handlers)
     try:
         # The prepull DaemonSet's main container: no registry is reachable here, so the node holds a pause image
         # under that name, as an EKS AMI holds its own pause image before any pod runs.

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -154,6 +155,24 @@ class Runc:
     def cleanup(self) -> None:
         for cid in self.ids:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid], capture_output=True)
+
+
+def handler(store, criu: str, argv: list[str], stdio: int | None = None) -> subprocess.CompletedProcess:
+    """The snapshot handler as containerd's shim runs it: on a create, stdout and stderr are the container's log
+    pipe."""
+    env = dict(os.environ, NODEWARM_RUNC="runc", NODEWARM_CRIU=criu, NODEWARM_SNAPSHOT_ROOT=str(store.root))
+    return subprocess.run([sys.executable, "-m", "nodewarm.bootstrap.snapshot.handler", *argv], env=env,
+                          stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, timeout=180)
+
+
+def create_and_start(runc: "Runc", store, criu: str, c: Container) -> str:
+    """Create and start ``c`` through the handler; the pod's log once the handler has said what it did."""
+    log = PodLog(c.bundle / "pod.log")
+    created = handler(store, criu, runc.create_argv(c), log.write_fd)
+    log.close_writer()
+    assert created.returncode == 0, log.text()
+    assert handler(store, criu, ["--root", str(runc.root), "start", c.id]).returncode == 0
+    return log.text("nodewarm snapshot:")
 
 
 def counter_rootfs(base: Path, amx: bool = False) -> Path:

@@ -25,6 +25,9 @@ WARM_GENERATION_ANNOTATION = "nodewarm.io/warm-generation"
 # Whether the Node advertised the GPUs the vLLM pod requests before Warm (nodewarm/bootstrap/gpuwait.py), by the
 # node agent.
 GPUS_ANNOTATION = "nodewarm.io/gpus"
+# serving.snapshot: whether the node agent took a snapshot of the check's engine, and why not (JSON: taken, reason,
+# message, slot, seconds, bytes), by the node agent (nodewarm/bootstrap/snapshot/take.py).
+SNAPSHOT_ANNOTATION = "nodewarm.io/snapshot"
 # The weights' in-flight progress, written by the node agent while it pulls (nodewarm/bootstrap/agent.py
 # LiveProgress) and read by `nodewarm status`: JSON {"doneBytes", "totalBytes", "mbps", "at"}.
 PROGRESS_ANNOTATION = "nodewarm.io/weights-progress"

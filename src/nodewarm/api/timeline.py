@@ -38,6 +38,10 @@ class Timeline(StrEnum):
     ENGINE_FIRST_TOKEN = "engine_first_token"
     ENGINE_CHECK_PASSED = "engine_check_passed"
     ENGINE_CHECK_FAILED = "engine_check_failed"
+    # serving.snapshot (nodewarm.api.snapshot): the agent checkpoints the check's engine once it passed.
+    SNAPSHOT_STARTED = "snapshot_started"
+    SNAPSHOT_TAKEN = "snapshot_taken"
+    SNAPSHOT_NOT_TAKEN = "snapshot_not_taken"
     WARM_REPORTED = "warm_reported"              # sub-second: the controller times register_to_warm by it
 
 
@@ -58,4 +62,5 @@ AGENT_STEPS: tuple[Step, ...] = (
          (Timeline.IMAGE_PREPULL_DONE, Timeline.IMAGE_PREPULL_ENDED)),
     Step("wait for GPUs advertised", Timeline.GPUS_WAIT_STARTED, (Timeline.GPUS_ADVERTISED, Timeline.GPUS_WAIT_ENDED)),
     Step("engine check", Timeline.ENGINE_CHECK_REQUESTED, (Timeline.ENGINE_CHECK_PASSED, Timeline.ENGINE_CHECK_FAILED)),
+    Step("snapshot engine", Timeline.SNAPSHOT_STARTED, (Timeline.SNAPSHOT_TAKEN, Timeline.SNAPSHOT_NOT_TAKEN)),
 )

@@ -34,8 +34,8 @@ from nodewarm.api.models import encode as encode_models
 from nodewarm.api.errors import NodewarmError
 from nodewarm.api.names import (
     CACHE_ANNOTATION, CACHE_REASON_ANNOTATION, GENERATION_LABEL, GPUS_ANNOTATION, IMAGE_ANNOTATION,
-    LAUNCH_FAILURE_ANNOTATION, MODELS_ANNOTATION, PROGRESS_ANNOTATION, TIMELINE_ANNOTATION, WARM_GENERATION_ANNOTATION,
-    WEIGHTS_ANNOTATION,
+    LAUNCH_FAILURE_ANNOTATION, MODELS_ANNOTATION, PROGRESS_ANNOTATION, SNAPSHOT_ANNOTATION, TIMELINE_ANNOTATION,
+    WARM_GENERATION_ANNOTATION, WEIGHTS_ANNOTATION,
 )
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_DIR, model_path
 from nodewarm.api.servingspec import ServingSpec
@@ -165,6 +165,7 @@ class AgentConfig:
     extras: tuple[Model, ...] = ()                  # the required further models, in the order they warm
     report_models: bool = False                     # the profile has spec.models: report names.MODELS_ANNOTATION
     headroom: object | None = None                  # weights.capacity.Headroom; None: the pull's default
+    snapshot: object | None = None                  # snapshot.take.Settings: serving.snapshot on (AL2023)
 
     @property
     def cache_dirs(self) -> bundle.CacheDirs:
@@ -207,6 +208,7 @@ class AgentResult:
     gpus: object | None = None          # gpuwait.GpuResult
     timeline: dict[str, str] = field(default_factory=dict)
     engine: Outcome | None = None       # the engine check's, when the profile asks for one
+    snapshot: object | None = None      # snapshot.take.TakeResult, when serving.snapshot is on and the check passed
     models: tuple[HeldModel, ...] = ()  # with spec.models: every model warmed, for names.MODELS_ANNOTATION
     extras: dict[str, WeightsSummary] = field(default_factory=dict)     # the required further models' pulls
 
@@ -216,7 +218,8 @@ class AgentResult:
                 "compileCache": self.cache.to_dict() if self.cache else None,
                 "image": dataclasses.asdict(self.image) if self.image else None,
                 "gpus": dataclasses.asdict(self.gpus) if self.gpus else None,
-                "engineCheck": dataclasses.asdict(self.engine) if self.engine else None}
+                "engineCheck": dataclasses.asdict(self.engine) if self.engine else None,
+                "snapshot": self.snapshot.annotation() if self.snapshot else None}
 
     def annotations(self) -> dict[str, str]:
         out = {TIMELINE_ANNOTATION: json.dumps(self.timeline, separators=(",", ":"))}
@@ -233,6 +236,8 @@ class AgentResult:
             from nodewarm.api.enginecheck import REQUEST_ANNOTATION
 
             out[REQUEST_ANNOTATION] = self.engine.to_json()
+        if self.snapshot is not None:
+            out[SNAPSHOT_ANNOTATION] = json.dumps(self.snapshot.annotation(), separators=(",", ":"))
         if self.models:
             out[MODELS_ANNOTATION] = encode_models(self.models)
         if self.weights is not None:
@@ -258,13 +263,15 @@ def _launch_started() -> str | None:
 
 
 def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | None = None,
-         engine_check=None) -> AgentResult:
+         engine_check=None, snapshot=None) -> AgentResult:
     """Run the phases; never raises an Exception: every failure becomes the result.
 
     ``image_wait(stop)`` waits for the serving image on this node, ``gpu_wait(stop)`` for the Node to advertise
     the GPUs the vLLM pod requests (both need the API; run() binds them). ``live`` hears the timeline and the
     pull's progress while they run. ``engine_check()`` -> (request id, enginecheck Result), once the phases
     succeeded: the node is Warm only if vLLM served on it (readiness.engineCheck; run() binds it).
+    ``snapshot(request id, compile-cache result)`` -> snapshot.take.TakeResult, once the check passed
+    (serving.snapshot; run() binds it): it never changes whether the node is Warm.
     """
     timeline = {Timeline.AGENT_STARTED: _stamp()}
     launched = _launch_started()
@@ -274,7 +281,9 @@ def warm(cfg: AgentConfig, image_wait=None, gpu_wait=None, live: LiveProgress | 
         live.timeline = timeline
     try:
         result = _warm(cfg, timeline, image_wait, gpu_wait, live)
-        return _engine(result, engine_check, timeline) if result.warm and engine_check is not None else result
+        if result.warm and engine_check is not None:
+            return _engine(result, engine_check, timeline, snapshot)
+        return result
     except Exception as e:  # noqa: BLE001 - a bug or an old library must still reach the condition
         log.error("agent.internal_error", exc_info=True, error_type=type(e).__name__, error=str(e))
         timeline[Timeline.AGENT_FAILED] = _stamp()
@@ -419,8 +428,9 @@ def _warm(cfg: AgentConfig, timeline: dict[str, str], image_wait=None, gpu_wait=
                        timeline=timeline, models=models, extras=extras)
 
 
-def _engine(result: AgentResult, engine_check, timeline: dict[str, str]) -> AgentResult:
-    """The engine check after the phases: its times in the timeline, its verdict the node's."""
+def _engine(result: AgentResult, engine_check, timeline: dict[str, str], snapshot=None) -> AgentResult:
+    """The engine check after the phases: its times in the timeline, its verdict the node's; then, when it passed,
+    the snapshot of its engine, said in the check's outcome (the controller's Event) and the node's message."""
     from nodewarm.api.enginecheck import Outcome, Reason
 
     timeline[Timeline.ENGINE_CHECK_REQUESTED] = _stamp()
@@ -434,8 +444,14 @@ def _engine(result: AgentResult, engine_check, timeline: dict[str, str]) -> Agen
              first_token_s=r.first_token_s, compile_cache=r.compile_cache)
     outcome = Outcome.of(request_id, r)
     if r.passed:
-        return dataclasses.replace(result, reason=Reason.ENGINE_SERVED, message=f"{r.message}; {result.message}",
-                                   engine=outcome)
+        taken = None
+        if snapshot is not None:
+            timeline[Timeline.SNAPSHOT_STARTED] = _stamp()
+            taken = snapshot(request_id, result.cache)
+            timeline[Timeline.SNAPSHOT_TAKEN if taken.taken else Timeline.SNAPSHOT_NOT_TAKEN] = _stamp()
+            outcome = dataclasses.replace(outcome, message=f"{outcome.message}; {taken.message}")
+        return dataclasses.replace(result, reason=Reason.ENGINE_SERVED, message=f"{outcome.message}; {result.message}",
+                                   engine=outcome, snapshot=taken)
     return dataclasses.replace(result, warm=False, reason=r.reason, message=f"engine check failed: {r.message}",
                                engine=outcome)
 
@@ -501,6 +517,26 @@ def engine_checker(cfg: AgentConfig, api_client):
     return check
 
 
+def snapshotter(cfg: AgentConfig, api_client):
+    """The snapshot step bound to this node (None: serving.snapshot is off, or no API to read the check pod)."""
+    if cfg.snapshot is None or api_client is None:
+        return None
+
+    def take_one(request_id: str, cache):
+        from .snapshot import take
+
+        try:
+            pod = take.check_pod(api_client, cfg.node_name, cfg.serving_namespace, cfg.profile, request_id)
+        except Exception as e:  # noqa: BLE001 - no snapshot; the serving pod boots and the node is Warm anyway
+            from nodewarm.api import snapshot as contract
+
+            return take.TakeResult(False, contract.NOT_TAKEN, f"no snapshot: cannot read the check pod: "
+                                   f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        return take.take(cfg.snapshot, pod, take.context(cfg.generation, cache))
+
+    return take_one
+
+
 def report(api_client, cfg: AgentConfig, result: AgentResult, extra: dict[str, str] | None = None) -> None:
     """``result`` on this node: the Warm condition, the facts, and when warm the generation it holds (a label
     only once the startup taint is gone; the controller writes it as it lifts the taint, nodestatus says why)."""
@@ -534,7 +570,7 @@ def run(cfg: AgentConfig, api_client) -> AgentResult:
         live.start()
     try:
         result = warm(cfg, image_waiter(cfg, api_client), gpu_waiter(cfg, api_client), live,
-                      engine_checker(cfg, api_client))
+                      engine_checker(cfg, api_client), snapshotter(cfg, api_client))
     finally:
         if live is not None:
             live.stop()     # before the final report: a late progress write must not overwrite its timeline

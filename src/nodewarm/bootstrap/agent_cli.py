@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from nodewarm.api import snapshot
 from nodewarm.api.agentpod import NODE_NAME_ENV, own_pod
 from nodewarm.api.errors import NodewarmError
 
@@ -68,7 +69,8 @@ def _follow_options(args: argparse.Namespace):
                          load_check=not args.skip_load_check, stream_check=args.stream_check,
                          allow_non_nvme=args.allow_non_nvme,
                          runtime=runtime, once=args.once, state_dir=Path(args.state_dir),
-                         gpu_wait_s=args.gpu_wait_seconds, agent_pod=own_pod(os.environ))
+                         gpu_wait_s=args.gpu_wait_seconds, agent_pod=own_pod(os.environ),
+                         snapshot_runc_root=args.snapshot_runc_root, snapshot_criu=args.snapshot_criu)
 
 
 def _report_not_started(args: argparse.Namespace, e: Exception) -> None:
@@ -140,6 +142,12 @@ def register_bootstrap(bsub) -> None:
     p.add_argument("--state-dir", default=os.environ.get("NODEWARM_STATE_DIR", "/var/lib/nodewarm"),
                    help="launcher failure records in, agent-result.json out (default $NODEWARM_STATE_DIR, "
                         "else /var/lib/nodewarm)")
+    p.add_argument("--snapshot-runc-root", default=snapshot.RUNC_ROOT, metavar="DIR",
+                   help="with spec.serving.snapshot: runc's state root of containerd's CRI containers, where the "
+                        "agent checkpoints the engine check's vLLM (default: AL2023's, %(default)s)")
+    p.add_argument("--snapshot-criu", default=snapshot.CRIU_PATH, metavar="PATH",
+                   help="with spec.serving.snapshot: CRIU >= 4.2 on this node (default %(default)s; without it no "
+                        "snapshot is taken and the serving pod boots)")
     p.add_argument("--gpu-wait-seconds", type=float, default=None, metavar="S",
                    help="how long Warm waits (from the agent's start, beside the weights) for the Node to advertise "
                         "the nvidia.com/gpu the vLLM pod requests (default 180); past it the node reports Warm with a "

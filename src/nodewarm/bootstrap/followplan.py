@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodewarm.api import snapshot
 from nodewarm.api.agentpod import PodRef
 from nodewarm.api.names import GENERATION_LABEL
 from nodewarm.api.servingspec import serving_spec
@@ -41,6 +42,8 @@ class FollowOptions:
     headroom: Headroom = field(default_factory=Headroom)   # space every pull leaves free on the NVMe
     label_wait_s: float = 60.0      # an eviction waits this long for the controller to take the model's label off
     agent_pod: PodRef | None = None     # the pod this agent runs in (the DaemonSet's downward API); None on AL2023
+    snapshot_runc_root: str = snapshot.RUNC_ROOT    # serving.snapshot: where containerd's runc keeps its state
+    snapshot_criu: str = snapshot.CRIU_PATH
 
 
 def streamer_tuning(p: WarmProfile) -> StreamerTuning:
@@ -62,8 +65,19 @@ def agent_config(r: profilesource.Resolved, opts: FollowOptions,
         prepull_namespace=p.bootstrap.namespace, prepull_deadline_s=float(p.bootstrap.image_prepull_timeout_s),
         engine_check_s=float(p.readiness.engine_check.timeout_s) if p.readiness.engine_check.enabled else None,
         serving_namespace=p.serving.namespace, peering=peering, extras=extras, report_models=bool(p.models),
-        headroom=opts.headroom,
+        headroom=opts.headroom, snapshot=snapshot_settings(p, opts),
         **({"gpu_wait_s": opts.gpu_wait_s} if opts.gpu_wait_s is not None else {}))
+
+
+def snapshot_settings(p: WarmProfile, opts: FollowOptions):
+    """serving.snapshot's settings for the host agent (None when off). The store is on this node's NVMe mount, as
+    the user data's handler finds it (api.snapshot.store_dir)."""
+    if not p.serving.snapshot or opts.agent_pod is not None:
+        return None     # the profile check refuses it with a DaemonSet agent; a pod could not checkpoint anyway
+    from .snapshot.take import Settings
+
+    return Settings(store=Path(snapshot.store_dir(str(opts.mount))), runc_root=opts.snapshot_runc_root,
+                    criu=opts.snapshot_criu)
 
 
 def stale_model_dirs(models_dir: Path, keep: str) -> list[Path]:

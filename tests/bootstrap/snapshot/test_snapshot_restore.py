@@ -4,15 +4,13 @@ restore, or into a boot that says why: real runc, real CRIU, real processes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import pytest
 
 from nodewarm.bootstrap.snapshot import checkpoint as snapcheckpoint
 from nodewarm.bootstrap.snapshot.store import Store
 from nodewarm.bootstrap.snapshot.tools import Tools
-from support.runcbox import PodLog, Runc, counter_rootfs, cpu_has_amx
+from support.runcbox import Runc, counter_rootfs, cpu_has_amx, create_and_start
 
 @pytest.fixture
 def store(tmp_path) -> Store:
@@ -27,23 +25,6 @@ def take(runc, store, criu, container):
     taken = snapcheckpoint.checkpoint(store, Tools("runc", criu, store.criu_config), str(runc.root), container.id)
     assert runc.status(container.id) != "running", "the dumped container must not run on beside its snapshot"
     return before, taken
-
-
-def handler(store, criu, argv, stdio: int | None = None) -> subprocess.CompletedProcess:
-    """The handler as containerd's shim runs it: on a create, stdout and stderr are the container's log pipe."""
-    env = dict(os.environ, NODEWARM_RUNC="runc", NODEWARM_CRIU=criu, NODEWARM_SNAPSHOT_ROOT=str(store.root))
-    return subprocess.run([sys.executable, "-m", "nodewarm.bootstrap.snapshot.handler", *argv], env=env,
-                          stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, timeout=180)
-
-
-def create_and_start(runc, store, criu, c) -> str:
-    """Create and start ``c`` through the handler; the pod's log once the handler has said what it did."""
-    log = PodLog(c.bundle / "pod.log")
-    created = handler(store, criu, runc.create_argv(c), log.write_fd)
-    log.close_writer()
-    assert created.returncode == 0, log.text()
-    assert handler(store, criu, ["--root", str(runc.root), "start", c.id]).returncode == 0
-    return log.text("nodewarm snapshot:")
 
 
 def outcome(store, cid) -> dict:

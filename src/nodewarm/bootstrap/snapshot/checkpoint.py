@@ -46,7 +46,7 @@ def checkpoint(store: Store, tools: Tools, runc_root: str, container_id: str, ti
         facts = nodefacts.probe(tools.runc, tools.criu)
     except nodefacts.ToolMissing as e:
         raise CheckpointFailed(str(e)) from None
-    key = snapkey.from_bundle(config, nodefacts.rootfs_layers(rootfs), facts)
+    key = snapkey.from_bundle(config, nodefacts.rootfs_layers(rootfs), facts, store.context())
     staging = store.stage(key.slot)
     try:
         work = staging / "work"

@@ -7,7 +7,10 @@ serves a new container only when all of these are the same:
 * the container: its arguments, environment, working directory and user, the image's name and the node's
   layers under its root filesystem (the same image on this node has the same layers; a new digest has new ones);
 * the node: its kernel, its CPU (model and every flag), its GPUs and driver, and the runc and CRIU that wrote
-  and will read the images.
+  and will read the images;
+* the context the agent records in the store (``Store.context``): the generation it warmed (the model's identity
+  and the serving spec) and the compile cache it restored. The container's mounts name neither: the same
+  ``/models`` path holds another generation after a roll, and a restored process keeps the weights it loaded.
 
 ``HOSTNAME`` is left out: the runtime sets it to the pod's name, and the checkpointed pod is never the one that
 is restored. The rest of the environment is the pod spec's and must match.
@@ -50,6 +53,7 @@ class SnapshotKey:
     image: str
     layers: tuple[str, ...]
     node: NodeFacts
+    context: tuple[tuple[str, str], ...] = ()   # the agent's record (Store.context), as sorted pairs
 
     def to_dict(self) -> dict[str, Any]:
         """The key as its JSON record reads back (lists, not tuples), so a stored key compares equal to it."""
@@ -72,9 +76,10 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:63] or "container"
 
 
-def from_bundle(config: Mapping[str, Any], layers: tuple[str, ...], node: NodeFacts) -> SnapshotKey:
+def from_bundle(config: Mapping[str, Any], layers: tuple[str, ...], node: NodeFacts,
+                context: Mapping[str, str] | None = None) -> SnapshotKey:
     """The key of the container an OCI bundle's ``config.json`` describes. ``layers`` are its root filesystem's
-    lower directories on this node (``mountinfo.rootfs_layers``)."""
+    lower directories on this node (``mountinfo.rootfs_layers``); ``context`` the store's (``Store.context``)."""
     process = config.get("process") or {}
     annotations = config.get("annotations") or {}
     user = process.get("user") or {}
@@ -88,6 +93,7 @@ def from_bundle(config: Mapping[str, Any], layers: tuple[str, ...], node: NodeFa
         image=str(annotations.get(IMAGE_NAME_ANNOTATION, "")),
         layers=tuple(layers),
         node=node,
+        context=tuple(sorted((str(k), str(v)) for k, v in (context or {}).items())),
     )
 
 
@@ -101,6 +107,9 @@ def differences(want: Mapping[str, Any], have: Mapping[str, Any]) -> list[str]:
             continue
         if part == "node" and isinstance(a, Mapping) and isinstance(b, Mapping):
             out += [f"node.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif part == "context" and isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            da, db = dict(map(tuple, a)), dict(map(tuple, b))
+            out += [f"context.{k}" for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
         elif part == "env" and isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
             names = sorted({e.split("=", 1)[0] for e in set(a) ^ set(b)})
             out += [f"env.{n}" for n in names]

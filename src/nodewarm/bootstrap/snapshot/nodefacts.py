@@ -68,11 +68,11 @@ def _unescape(path: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
-def _version(cmd: list[str]) -> str:
+def _version(cmd: list[str], what: str) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise ToolMissing(f"{cmd[0]} does not run: {e}") from None
+        raise ToolMissing(f"{what} at {cmd[0]} does not run: {e}") from None
     if out.returncode != 0:
         raise ToolMissing(f"`{' '.join(cmd)}` exited {out.returncode}: {(out.stderr or out.stdout).strip()[:200]}")
     return out.stdout
@@ -80,7 +80,7 @@ def _version(cmd: list[str]) -> str:
 
 def criu_version(criu: str) -> str:
     """CRIU's version, refused when older than MIN_CRIU (ToolMissing says which and why)."""
-    v = parse_criu_version(_version([criu, "--version"]))
+    v = parse_criu_version(_version([criu, "--version"], "CRIU"))
     if v < MIN_CRIU:
         raise ToolMissing(f"CRIU {'.'.join(map(str, v))} at {criu} is older than "
                           f"{'.'.join(map(str, MIN_CRIU))}: it cannot dump vLLM on this kernel")
@@ -92,7 +92,7 @@ def probe(runc: str, criu: str, host_root: Path = Path("/")) -> NodeFacts:
     hw = hardware.probe(host_root, use_nvml=False)
     gpus = f"{hw.gpu_model}x{hw.gpu_count} driver {hw.driver}".strip() if hw.gpu_count else ""
     return NodeFacts(kernel=os.uname().release, cpu_model=cpu_model, cpu_flags=cpu_flags, gpus=gpus,
-                     runc=_version([runc, "--version"]).splitlines()[0].strip(), criu=criu_version(criu))
+                     runc=_version([runc, "--version"], "runc").splitlines()[0].strip(), criu=criu_version(criu))
 
 
 def rootfs_layers(rootfs: str) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ def try_restore(call: runcargs.RuncCall, store: Store, *, runc: str, criu: str, 
         tools = Tools(runc=runc, criu=criu, criu_config=store.criu_config)
         facts = nodefacts.probe(runc, criu)
         rootfs = bundle / (config.get("root") or {}).get("path", "rootfs")
-        want = snapkey.from_bundle(config, nodefacts.rootfs_layers(str(rootfs)), facts)
+        want = snapkey.from_bundle(config, nodefacts.rootfs_layers(str(rootfs)), facts, store.context())
         snapshot = store.lookup(want.slot)
         if snapshot is None:
             return outcome.booted("NoSnapshot", "no snapshot of this container on this node")

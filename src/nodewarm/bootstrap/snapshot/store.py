@@ -2,6 +2,7 @@
 
     <root>/                    0700, root's
       criu.conf                CRIU's options for every dump and restore here (CRIU_CONFIG_FILE)
+      context.json             the agent's part of every key here: the generation and compile cache it warmed
       <slot>/                  a published snapshot: key.json, manifest.json, images/ (CRIU's)
       .staging-<slot>-<rand>/  one being taken; a crash leaves it, ``sweep`` removes it
       restored/<id>            containers the handler restored: their ``start`` is already done
@@ -23,10 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodewarm.api.snapshot import CONTEXT_FILE
+
 # link-remap: vLLM's worker holds a POSIX semaphore in /dev/shm that is already unlinked; CRIU saves such a file
 # only when it may link it back under a temporary name.
 CRIU_OPTIONS = "link-remap\n"
 _MANIFEST = "manifest.json"
+_CONTEXT = CONTEXT_FILE
 _KEY = "key.json"
 _NOT_SLOTS = frozenset({"restored", "outcomes"})
 
@@ -68,6 +72,28 @@ class Store:
         staging directory of a checkpoint in progress looks the same."""
         for leftover in (*self.root.glob(".staging-*"), *self.root.glob(".old-*")):
             shutil.rmtree(leftover, ignore_errors=True)
+
+    def context(self) -> dict[str, str]:
+        """The agent's part of every key (key.py): empty until the agent records one, and when unreadable (a key
+        with an empty context never matches the agent's snapshots, so the container boots)."""
+        try:
+            doc = json.loads((self.root / _CONTEXT).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+    def set_context(self, context: dict[str, str]) -> list[str]:
+        """Record ``context`` and remove every snapshot taken under another: a snapshot is removed when its key
+        changes, not only refused. Returns the slots removed."""
+        write_file(self.root / _CONTEXT, json.dumps(context, sort_keys=True))
+        want = sorted([k, v] for k, v in context.items())
+        gone = []
+        for slot in self.slots():
+            found = self.lookup(slot)
+            if found is None or sorted(map(list, found.key.get("context") or ())) != want:
+                self.remove(slot)
+                gone.append(slot)
+        return gone
 
     def record_outcome(self, container_id: str, doc: dict[str, Any]) -> None:
         """What the handler decided for a container, for the agent's Event."""
