@@ -1,18 +1,23 @@
 """The engine check's rendered objects (nodewarm/nodeclasses/enginecheck.py): the check pod is the serving pod's vLLM
 container with the runner in front, tolerating exactly the GPU and startup taints; the controller gets pods only in
-the serving namespace; a profile without the check renders what it always did, and toggling it drifts no node."""
+the serving namespace; a profile without the check renders what it always did, and toggling it drifts no node. With
+spec.serving.snapshot the pod runs the serving container verbatim beside a runner that only observes it."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 
 import pytest
 
 from nodewarm import instancetypes, profile
 from nodewarm.api import enginecheck as contract
+from nodewarm.api import snapshot
 from nodewarm.api.errors import ProfileError
 from nodewarm.api.names import CONTROLLER_NAME, GPU_TAINT
+from nodewarm.api.podlayout import CACHE_MOUNT
+from nodewarm.api.warmprofile import engine_check_image
 from nodewarm.controller import manifests
 from nodewarm.karpenter import drifthash
 from nodewarm.nodeclasses import enginecheck, servestart, vllm
@@ -113,6 +118,110 @@ def test_the_rendered_argv_parses_back_to_what_was_rendered(checked):
         assert got.cache_uri is None and got.start_record is None
 
 
+def test_without_snapshot_the_check_pod_is_exactly_what_it_was(checked):
+    """Key for key and in order (what the API server and a diff see): the one runner container booting vLLM with the
+    serving container's resources and mounts, nothing of snapshot mode. tests/fixtures/golden/engine-check.out pins
+    the whole render of one profile byte for byte as well."""
+    p, types = checked
+    assert not p.serving.snapshot
+    serving = vllm.pod_spec(p, types)
+    c = serving["containers"][0]
+    before = {
+        **({"serviceAccountName": serving["serviceAccountName"]} if "serviceAccountName" in serving else {}),
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": p.readiness.engine_check.timeout_s + enginecheck.GRACE_S,
+        "tolerations": enginecheck.tolerations(p, serving),
+        "containers": [{
+            "name": contract.CONTAINER, "image": engine_check_image(p), "command": ["nodewarm", "engine-check"],
+            "args": enginecheck.runner_args(p, c).to_argv(), "env": enginecheck.env(p, c),
+            "resources": c["resources"], "volumeMounts": c["volumeMounts"],
+            "terminationMessagePath": contract.TERMINATION_LOG, "terminationMessagePolicy": "File"}],
+        "volumes": [x for x in serving["volumes"] if x["name"] != "signing-key"],
+    }
+    got = enginecheck.pod_spec(p, types)
+    assert json.dumps(got) == json.dumps(before)
+    assert "--observe" not in got["containers"][0]["args"]
+
+
+@pytest.fixture(params=["publisher", "image-only"])
+def snapshotted(request):
+    """The check's profiles with spec.serving.snapshot on (AL2023 nodes, the base profile's)."""
+    check = {"enabled": True, "timeout": "8m"}
+    if request.param == "publisher":
+        doc = with_publisher(spec__readiness__engineCheck=check, spec__serving__snapshot={"enabled": True})
+    else:
+        doc = v(spec__readiness__engineCheck={**check, "image": CHECK_IMAGE}, spec__serving__snapshot={"enabled": True})
+    p, types = loaded(doc)
+    assert p.serving.snapshot
+    return p, types
+
+
+def test_in_snapshot_mode_the_pods_first_container_is_the_serving_container_verbatim(snapshotted):
+    # The snapshot's key compares the container's name, args, env, cwd, user and image: any difference (the strict
+    # mode's env, the region, the runner's image) would make the serving pod's key differ from the checkpoint's.
+    p, types = snapshotted
+    serving = vllm.pod_spec(p, types)
+    spec = enginecheck.pod_spec(p, types)
+    assert [c["name"] for c in spec["containers"]] == [snapshot.CONTAINER, contract.CONTAINER]
+    assert spec["containers"][0] == serving["containers"][0]
+    for k in ("runtimeClassName", "enableServiceLinks", "securityContext"):
+        assert spec.get(k) == serving.get(k), k
+    # Still no init container (the agent asks once its copy is complete), no publisher, no generation selector.
+    assert "initContainers" not in spec and "nodeSelector" not in spec and "affinity" not in spec
+    assert [x["name"] for x in spec["volumes"]] == [x["name"] for x in serving["volumes"] if x["name"] != "signing-key"]
+    assert spec["tolerations"] == enginecheck.tolerations(p, serving)
+    assert spec["restartPolicy"] == "Never"
+    assert spec.get("serviceAccountName") == serving.get("serviceAccountName")
+    # The check, its grace, and the agent's checkpoint after the answer (which ends the vLLM container).
+    assert spec["activeDeadlineSeconds"] == 8 * 60 + enginecheck.GRACE_S + enginecheck.CHECKPOINT_S
+
+
+def test_the_pod_level_keys_that_shape_the_serving_process_are_copied_and_nothing_else(snapshotted, monkeypatch):
+    # Whatever the serving pod sets of them (the snapshot renderer adds them); placement stays the controller's.
+    p, types = snapshotted
+    real = vllm.pod_spec
+    extra = {"runtimeClassName": snapshot.RUNTIME_CLASS, "enableServiceLinks": False,
+             "securityContext": {"runAsUser": 1000}, "priorityClassName": "serving"}
+    monkeypatch.setattr(vllm, "pod_spec", lambda *a, **kw: {**real(*a, **kw), **extra})
+    spec = enginecheck.pod_spec(p, types)
+    assert {k: spec.get(k) for k in extra} == {**extra, "priorityClassName": None}
+    monkeypatch.undo()
+    off = loaded(v(spec__readiness__engineCheck={"enabled": True, "image": CHECK_IMAGE}))
+    monkeypatch.setattr(vllm, "pod_spec", lambda *a, **kw: {**real(*a, **kw), **extra})
+    assert not set(extra) & set(enginecheck.pod_spec(*off))        # without snapshot mode: as before
+
+
+def test_in_snapshot_mode_the_runner_observes_with_no_gpu_and_only_what_it_judges(snapshotted):
+    p, types = snapshotted
+    c_serving = vllm.pod_spec(p, types)["containers"][0]
+    _, r = enginecheck.pod_spec(p, types)["containers"]
+    assert r["image"] == engine_check_image(p) and r["command"] == ["nodewarm", "engine-check"]
+    assert r["terminationMessagePolicy"] == "File" and r["terminationMessagePath"] == contract.TERMINATION_LOG
+    assert r["resources"] == enginecheck.OBSERVER_RESOURCES and "nvidia.com/gpu" not in json.dumps(r["resources"])
+    parser = argparse.ArgumentParser()
+    contract.add_runner_flags(parser)
+    got = contract.runner_args(parser.parse_args(r["args"]))
+    assert got.observe and got.engine == ()
+    assert got == enginecheck.runner_args(p, c_serving, observe=True)
+    assert (got.port, got.served_model_name, got.timeout_s) == (p.serving.port, p.name, 8 * 60)
+    # It reads the baseline and the cache dirs under the compile-cache mount, and the start record with a publisher;
+    # it never mounts the weights, the start script or /dev/shm.
+    paths = [m["mountPath"] for m in r["volumeMounts"]]
+    assert all(m in c_serving["volumeMounts"] for m in r["volumeMounts"])
+    for f in (got.baseline, got.vllm_cache_root, got.inductor_dir, got.triton_dir, got.pch_dir):
+        assert f.startswith(CACHE_MOUNT + "/"), f
+    if p.compile_cache.publisher:
+        assert paths == [servestart.RECORD_MOUNT, CACHE_MOUNT]
+        assert got.start_record == servestart.RECORD_FILE and got.cache_uri == p.compile_cache.uri
+    else:
+        assert paths == [CACHE_MOUNT] and got.start_record is None and got.cache_uri is None
+    # No vLLM env (nothing to boot), so no strict mode; the region and node for a stale marker, the namespace for the
+    # message that says where vLLM's log is.
+    names = [e["name"] for e in r["env"]]
+    assert not set(contract.STRICT_ENV) & set(names)
+    assert names == ["AWS_REGION", "AWS_DEFAULT_REGION", "NODE_NAME", contract.NAMESPACE_ENV]
+
+
 def test_the_controller_gets_pods_in_the_serving_namespace_only(checked):
     p, types = checked
     docs = render(p, types, controller_namespace="ops").documents
@@ -195,7 +304,8 @@ def test_the_schema_refuses_bad_fields(field, value):
 
 @pytest.mark.kube
 def test_the_api_server_accepts_the_rendered_objects(kube, k):
-    """A server-side dry run of the PodTemplate, Role and RoleBinding: the real API server's validation."""
+    """A server-side dry run of the PodTemplate (snapshot mode's too), Role and RoleBinding: the real API server's
+    validation."""
     from nodewarm.controller.kube import PODTEMPLATES
     from support.controller_fixtures import uniq
     from support.rbac import KINDS, apply_replacing
@@ -203,7 +313,9 @@ def test_the_api_server_accepts_the_rendered_objects(kube, k):
     ns = uniq("llm")
     apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
     p, types = loaded(with_publisher(spec__serving__namespace=ns, spec__readiness__engineCheck={"enabled": True}))
-    for d in enginecheck.manifests(p, types):
+    snap = loaded(with_publisher(spec__serving__namespace=ns, spec__readiness__engineCheck={"enabled": True},
+                                 spec__serving__snapshot={"enabled": True}))
+    for d in [*enginecheck.manifests(p, types), enginecheck.pod_template(*snap)]:
         res = KINDS.get(d["kind"]) or PODTEMPLATES
         out = k.request("POST", res.path(None, ns), query={"dryRun": "All"}, body=copy.deepcopy(d))
         assert out["metadata"]["name"] == d["metadata"]["name"]
@@ -211,3 +323,5 @@ def test_the_api_server_accepts_the_rendered_objects(kube, k):
             # Nothing the server would drop or rewrite: the template comes back as rendered (plus defaults).
             assert out["template"]["spec"]["containers"][0]["args"] == d["template"]["spec"]["containers"][0]["args"]
             assert out["template"]["spec"]["tolerations"] == d["template"]["spec"]["tolerations"]
+            assert [c["name"] for c in out["template"]["spec"]["containers"]] == [
+                c["name"] for c in d["template"]["spec"]["containers"]]

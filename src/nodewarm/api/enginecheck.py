@@ -13,7 +13,10 @@ compile caches, answered one completion and exited. The parts, and what passes b
 3. The runner in the pod (`nodewarm engine-check`, nodewarm/bootstrap/enginecheck/runner.py; its flags are
    ``RunnerArgs``) boots vLLM with the rendered start script, argv and env, answers one completion, stops vLLM,
    judges the compile cache against the agent's baseline and writes a ``Result`` as the container's termination
-   message (``TERMINATION_LOG``), exit code 0 when it passed.
+   message (``TERMINATION_LOG``), exit code 0 when it passed. With ``spec.serving.snapshot`` the pod runs the
+   serving container itself beside the runner, which only observes it (``RunnerArgs.observe``): it waits for its
+   /health, asks the same completion and judges the same way, but never starts or stops vLLM, which the agent then
+   checkpoints (nodewarm.api.snapshot).
 4. The agent reads that message from the pod's status (a node may read the pods bound to it), reports Warm=True or
    Warm=False with ``Result.reason`` and records the outcome in ``REQUEST_ANNOTATION`` (state ``passed`` or
    ``failed``, with the times and the engine's last log lines), which the controller turns into an Event.
@@ -29,6 +32,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 
+from .snapshot import CONTAINER as SERVING_CONTAINER
+
 APP = "nodewarm-engine-check"
 CONTAINER = "engine-check"
 # On the Node, by the agent: the request, then the outcome (JSON: Request, then Outcome).
@@ -37,6 +42,8 @@ REQUEST_ANNOTATION = "nodewarm.io/engine-check"
 REQUEST_ID_ANNOTATION = "nodewarm.io/engine-check-id"
 NODE_ANNOTATION = "nodewarm.io/node"
 TERMINATION_LOG = "/dev/termination-log"
+# The observing runner's env (snapshot mode): its pod's namespace, to say where vLLM's log is (HOSTNAME is the pod).
+NAMESPACE_ENV = "POD_NAMESPACE"
 # The kubelet keeps at most 4096 bytes of a termination message; the runner trims its log tail to fit.
 TERMINATION_MESSAGE_LIMIT = 4096
 LOG_TAIL_LINES = 20
@@ -199,6 +206,7 @@ class RunnerArgs:
     cache_uri: str | None = None              # set: a miss marks the bundle stale there (the pod's identity)
     start_record: str | None = None           # the start script's record: where vLLM loaded the weights from
     result: str = TERMINATION_LOG
+    observe: bool = False                     # vLLM runs in another container: watch it, never start or stop it
     env: dict[str, str] = field(default_factory=dict, compare=False)   # not a flag: see runner
 
     def to_argv(self) -> list[str]:
@@ -210,6 +218,8 @@ class RunnerArgs:
             out += ["--uri", self.cache_uri]
         if self.start_record:
             out += ["--start-record", self.start_record]
+        if self.observe:
+            out.append("--observe")
         return out + ["--", *self.engine]
 
 
@@ -225,6 +235,9 @@ def add_runner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uri", dest="cache_uri", help="compileCache.uri: a bundle that did not load is marked stale here")
     p.add_argument("--start-record", help="the start script's record of where vLLM loaded the weights from")
     p.add_argument("--result", default=TERMINATION_LOG, help=f"where the JSON result goes (default {TERMINATION_LOG})")
+    p.add_argument("--observe", action="store_true",
+                   help="vLLM runs in the pod's container " + SERVING_CONTAINER + " (spec.serving.snapshot): wait for "
+                        "its /health on the pod's loopback and ask it, never start or stop it; no engine after --")
     p.add_argument("engine", nargs=argparse.REMAINDER,
                    help="after --: the vLLM container's command and args, as rendered")
 
@@ -233,7 +246,9 @@ def runner_args(ns: argparse.Namespace) -> RunnerArgs:
     engine = list(ns.engine)
     if engine[:1] == ["--"]:
         engine = engine[1:]
-    if not engine:
+    if ns.observe and engine:
+        raise ValueError("--observe starts no engine: give no command after --")
+    if not ns.observe and not engine:
         raise ValueError("no engine command after --: give the vLLM container's command and args")
     return RunnerArgs(ns.port, ns.served_model_name, ns.timeout, ns.baseline, ns.vllm_cache_root, ns.inductor_dir,
-                      ns.triton_dir, ns.pch_dir, tuple(engine), ns.cache_uri, ns.start_record, ns.result)
+                      ns.triton_dir, ns.pch_dir, tuple(engine), ns.cache_uri, ns.start_record, ns.result, ns.observe)

@@ -23,12 +23,19 @@ handed to the runner after ``--``. What differs, and why:
   runner talks to vLLM on the pod's loopback), ``restartPolicy: Never`` and an ``activeDeadlineSeconds`` a little
   over the timeout, so a hung boot ends; the Result is the container's termination message.
 
+With ``spec.serving.snapshot`` the engine the agent checkpoints must be the serving container exactly (the
+snapshot's key compares its name, args, env, working directory, user and image), so the pod runs that container
+verbatim, with the serving pod's runtime class and service links, and the runner beside it in observe mode
+(``RunnerArgs.observe``): no GPUs, only the compile caches and the start record mounted, the same termination
+message. vLLM outlives the runner's answer until the agent checkpoints it (which ends it) or the deadline does.
+
 Nothing here touches a NodePool, a NodeClass or user data: enabling the check drifts no node.
 """
 
 from __future__ import annotations
 
 from nodewarm.api import enginecheck as contract
+from nodewarm.api import snapshot
 from nodewarm.api.names import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MANAGED_BY, PROFILE_LABEL
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs
 from nodewarm.api.warmprofile import WarmProfile, engine_check_image
@@ -40,34 +47,51 @@ from .nodepool import startup_taint
 # activeDeadlineSeconds over the runner's own timeout: the runner stops vLLM and writes its Result at the timeout;
 # the kubelet kills the pod only when that itself hangs.
 GRACE_S = 60
+# In snapshot mode, past the runner's answer: the vLLM container keeps running until the agent checkpoints it
+# (which ends it), so the deadline leaves time for the agent to see the answer and for runc's checkpoint, whose own
+# limit is 300 s (bootstrap/snapshot/checkpoint.py); a checkpoint cut by the deadline is lost. If the agent never
+# checkpoints, the deadline is what ends the pod (or the controller's delete once the node reported).
+CHECKPOINT_S = 360
+# The serving pod's keys that shape what its vLLM container's process sees, and so the snapshot's key: the
+# runtime (the snapshot handler) and the env the kubelet adds (service links), the user (pod securityContext).
+SERVING_POD_KEYS = ("runtimeClassName", "enableServiceLinks", "securityContext")
+# The observing runner only waits, asks once and scans the cache dirs: small requests, so the check pod still fits
+# where the serving pod does (whose vLLM container may take the node's whole room, vllm.requests); no limit, so a
+# large cache tree's scan is not OOM-killed.
+OBSERVER_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}}
 
 
 def _labels(p: WarmProfile) -> dict[str, str]:
     return {**contract.labels(p.name), PROFILE_LABEL: p.name, MANAGED_BY: "nodewarm"}
 
 
-def runner_args(p: WarmProfile, vllm_container: dict) -> contract.RunnerArgs:
-    """`nodewarm engine-check`'s flags: the vLLM container's command and args after ``--``, the cache layout the
-    agent restored into, and where a miss may be marked (only with a publisher: only its identity may write)."""
+def runner_args(p: WarmProfile, vllm_container: dict, observe: bool = False) -> contract.RunnerArgs:
+    """`nodewarm engine-check`'s flags: the vLLM container's command and args after ``--`` (none when it only
+    observes that container), the cache layout the agent restored into, and where a miss may be marked (only with a
+    publisher: only its identity may write)."""
     d = cache_dirs(CACHE_MOUNT)
     with_record = any(m["name"] == servestart.RECORD_VOLUME for m in vllm_container["volumeMounts"])
     return contract.RunnerArgs(
         port=p.serving.port, served_model_name=p.name, timeout_s=p.readiness.engine_check.timeout_s,
         baseline=f"{CACHE_MOUNT}/{BASELINE_FILE}", vllm_cache_root=str(d["vllm"]), inductor_dir=str(d["inductor"]),
         triton_dir=str(d["triton"]), pch_dir=str(d["pch"]),
-        engine=(*vllm_container["command"], *vllm_container["args"]),
+        engine=() if observe else (*vllm_container["command"], *vllm_container["args"]),
         cache_uri=p.compile_cache.uri if p.compile_cache.publisher is not None else None,
-        start_record=servestart.RECORD_FILE if with_record else None)
+        start_record=servestart.RECORD_FILE if with_record else None, observe=observe)
+
+
+def runner_env(p: WarmProfile) -> list[dict]:
+    """What the publisher's container adds to vLLM's env: the region (the pod cannot read instance metadata) and
+    the node's name."""
+    region = [{"name": "AWS_REGION", "value": p.nodes.region},
+              {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region}] if p.nodes.region else []
+    return [*region, {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
 
 def env(p: WarmProfile, vllm_container: dict) -> list[dict]:
-    """vLLM's env, its strict mode, and what the publisher's container adds: the region (the pod cannot read
-    instance metadata) and the node's name."""
+    """vLLM's env, its strict mode, and the runner's own (runner_env)."""
     strict = [{"name": k, "value": v} for k, v in contract.STRICT_ENV.items()]
-    region = [{"name": "AWS_REGION", "value": p.nodes.region},
-              {"name": "AWS_DEFAULT_REGION", "value": p.nodes.region}] if p.nodes.region else []
-    node = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
-    return [*vllm_container["env"], *strict, *region, *node]
+    return [*vllm_container["env"], *strict, *runner_env(p)]
 
 
 def tolerations(p: WarmProfile, serving: dict) -> list[dict]:
@@ -75,29 +99,50 @@ def tolerations(p: WarmProfile, serving: dict) -> list[dict]:
     return [*serving["tolerations"], {"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}]
 
 
+def _runner(p: WarmProfile, args: contract.RunnerArgs, env: list[dict], resources: dict,
+            mounts: list[dict]) -> dict:
+    return {
+        "name": contract.CONTAINER,
+        "image": engine_check_image(p),
+        "command": ["nodewarm", "engine-check"],
+        "args": args.to_argv(),
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "terminationMessagePath": contract.TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+    }
+
+
+def _containers(p: WarmProfile, c: dict) -> list[dict]:
+    """The runner booting vLLM itself; in snapshot mode, the serving container verbatim and the runner observing
+    it, with only what it judges from mounted: the compile caches (and the baseline in them) and the start record."""
+    if not p.serving.snapshot:
+        return [_runner(p, runner_args(p, c), env(p, c), c["resources"], c["volumeMounts"])]
+    assert c["name"] == snapshot.CONTAINER, c["name"]      # the snapshot store's slot is this container's name
+    mounts = [m for m in c["volumeMounts"] if m["mountPath"] == CACHE_MOUNT or m["name"] == servestart.RECORD_VOLUME]
+    # Its pod's namespace, for the message that says where vLLM's log is (the runner cannot read it).
+    ns = [{"name": contract.NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    return [c, _runner(p, runner_args(p, c, observe=True), [*runner_env(p), *ns], OBSERVER_RESOURCES, mounts)]
+
+
 def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> dict:
     """The check pod's spec, from the serving pod's (vllm.pod_spec)."""
     serving = vllm.pod_spec(p, types)
-    c = serving["containers"][0]
-    mounted = {m["name"] for m in c["volumeMounts"]}
+    containers = _containers(p, serving["containers"][0])
+    mounted = {m["name"] for c in containers for m in c["volumeMounts"]}
     spec: dict = {}
     if "serviceAccountName" in serving:
         spec["serviceAccountName"] = serving["serviceAccountName"]
+    deadline = p.readiness.engine_check.timeout_s + GRACE_S
+    if p.serving.snapshot:
+        spec.update({k: serving[k] for k in SERVING_POD_KEYS if k in serving})
+        deadline += CHECKPOINT_S
     spec.update({
         "restartPolicy": "Never",
-        "activeDeadlineSeconds": p.readiness.engine_check.timeout_s + GRACE_S,
+        "activeDeadlineSeconds": deadline,
         "tolerations": tolerations(p, serving),
-        "containers": [{
-            "name": contract.CONTAINER,
-            "image": engine_check_image(p),
-            "command": ["nodewarm", "engine-check"],
-            "args": runner_args(p, c).to_argv(),
-            "env": env(p, c),
-            "resources": c["resources"],
-            "volumeMounts": c["volumeMounts"],
-            "terminationMessagePath": contract.TERMINATION_LOG,
-            "terminationMessagePolicy": "File",
-        }],
+        "containers": containers,
         "volumes": [v for v in serving["volumes"] if v["name"] in mounted],
     })
     return spec

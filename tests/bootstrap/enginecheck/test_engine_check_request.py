@@ -49,6 +49,27 @@ def test_what_the_kubelet_says_when_the_runner_could_not_is_a_result(pod, reason
     assert request.verdict({"p": pod}, "id1").reason == reason
 
 
+def test_in_snapshot_mode_a_vllm_container_that_ended_before_the_answer_is_a_boot_failure():
+    # The observing runner cannot see it end; without this the agent would wait out the runner's timeout.
+    from nodewarm.api.snapshot import CONTAINER as VLLM
+
+    def pod(runner: dict, vllm: dict) -> dict:
+        meta = {"name": "p", "namespace": "llm", "annotations": {enginecheck.REQUEST_ID_ANNOTATION: "id1"}}
+        return {"metadata": meta,
+                "status": {"containerStatuses": [{"name": VLLM, "state": vllm},
+                                                 {"name": enginecheck.CONTAINER, "state": runner}]}}
+
+    crashed = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    r = request.verdict({"p": pod({"running": {}}, crashed)}, "id1")
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_BOOT_FAILED)
+    assert "exit code 1" in r.message and r.message.endswith("kubectl logs -n llm p -c vllm")
+    # Still booting: no answer yet. Answered, then checkpointed (which ends vLLM): the runner's answer stands.
+    assert request.verdict({"p": pod({"running": {}}, {"running": {}})}, "id1") is None
+    ok = Result(True, Reason.ENGINE_SERVED, "served")
+    answered = {"terminated": {"exitCode": 0, "message": ok.to_json()}}
+    assert request.verdict({"p": pod(answered, {"terminated": {"exitCode": 137, "reason": "Error"}})}, "id1") == ok
+
+
 def test_a_running_or_absent_pod_is_no_answer_yet_and_at_the_end_says_why():
     assert request.verdict({}, "id1") is None
     running = {"p": _pod("p", "id1", {"running": {}})}

@@ -1,20 +1,24 @@
 """The engine-check runner's paths, driven by a scripted engine (tests/support/scriptedengine.py) so each end is
 reached in a second: served, exited with vLLM's "does not fit" words, crashed, hung past the timeout, compiling
 after a restore (stopped early, the bundle marked stale in a real S3 bucket), loaded from S3 instead of the node.
-What vLLM itself does on each path is proven in tests/engine/test_engine_check.py."""
+What vLLM itself does on each path is proven in tests/engine/test_engine_check.py. Observe mode (snapshot) runs the
+scripted engine as the pod's other container would: started beside the runner, never by it, and still running after
+it answered."""
 
 from __future__ import annotations
 
 import json
 import logging
+import dataclasses
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from nodewarm.api.enginecheck import Reason, Result, RunnerArgs, add_runner_flags, runner_args
+from nodewarm.api.enginecheck import MESSAGE_LIMIT, Reason, Result, RunnerArgs, add_runner_flags, runner_args
 from nodewarm.bootstrap.compilecache import hitcheck
 from nodewarm.bootstrap.compilecache.cachestore import envelope_key, stale_key
 from nodewarm.bootstrap.enginecheck import judge, runner
@@ -171,6 +175,120 @@ def test_the_rendered_flags_parse_back_to_what_was_rendered(tmp_path):
     p = argparse.ArgumentParser()
     add_runner_flags(p)
     assert runner_args(p.parse_args(a.to_argv())) == a
+
+
+# --- observe mode (spec.serving.snapshot): vLLM is the pod's serving container, beside the runner ---------------
+
+
+@pytest.fixture
+def beside(tmp_path):
+    """Start the scripted engine as the pod's vLLM container (not the runner's child), on the args' port; the
+    processes are ended here, after the test looked at them."""
+    procs: list[subprocess.Popen] = []
+
+    def start(a: RunnerArgs) -> subprocess.Popen:
+        proc = subprocess.Popen(list(a.engine), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _observing(a: RunnerArgs) -> RunnerArgs:
+    return dataclasses.replace(a, engine=(), observe=True)
+
+
+POD_ENV = {"HOSTNAME": "llama-engine-check-0a1b2c3d4e", "POD_NAMESPACE": "llm"}
+LOGS = "kubectl logs -n llm llama-engine-check-0a1b2c3d4e -c vllm"
+
+
+def test_observing_waits_for_the_engine_answers_once_and_leaves_it_running(tmp_path, beside):
+    # The engine takes 2 s to listen: the runner must wait for /health, not give up at the first refusal.
+    a, _ = _args(tmp_path, "serve", restored=True, extra=("--boot-s", "2"))
+    vllm = beside(a)
+    r = runner.check(_observing(a), env=POD_ENV)
+    assert (r.passed, r.reason, r.compile_cache) == (True, Reason.ENGINE_SERVED, "hit"), r.message
+    assert r.started_at <= r.ready_at <= r.first_token_at and r.boot_s >= 1.5
+    assert r.log_tail == ()                          # vLLM's log is its own container's
+    assert vllm.poll() is None                       # never stopped: the agent checkpoints it
+
+
+def test_observing_an_engine_that_never_answers_times_out_and_says_where_its_log_is(tmp_path, beside):
+    a, _ = _args(tmp_path, "hang", restored=False, timeout=3)
+    vllm = beside(a)
+    r = runner.check(_observing(a), env=POD_ENV)
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_CHECK_TIMED_OUT)
+    assert f"did not answer /health on 127.0.0.1:{a.port} within 3 s" in r.message
+    assert r.message.endswith(LOGS)
+    assert vllm.poll() is None
+
+
+def test_observing_with_no_engine_at_all_times_out_too(tmp_path):
+    # Nothing listens (the vLLM container crashed, or never started): the runner cannot tell, the clock ends it.
+    a, _ = _args(tmp_path, "serve", restored=False, timeout=2)
+    r = runner.check(_observing(a), env={"HOSTNAME": "pod-x"})
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_CHECK_TIMED_OUT)
+    assert r.message.endswith("kubectl logs pod-x -c vllm")
+
+
+def test_observing_a_compile_after_a_restore_fails_early_from_the_disk_alone(tmp_path, beside):
+    # "compile" never serves: only the scan of the cache dirs ends the wait before the (long) timeout.
+    write = tmp_path / "cc/inductor/fxgraph/ef/efkey/entry"
+    a, _ = _args(tmp_path, "compile", restored=True, timeout=600, envelope="cc/k/key1.json",
+                 extra=("--write", str(write)))
+    vllm = beside(a)
+    r = runner.check(_observing(a), env=POD_ENV)
+    assert (r.passed, r.reason, r.compile_cache, r.ready_at) == (False, Reason.COMPILE_CACHE_NOT_LOADED, "miss",
+                                                                 None)
+    assert "no compile-cache writer identity" in r.message and r.message.endswith(LOGS)
+    assert vllm.poll() is None                       # not the runner's to stop
+
+
+def test_observing_a_start_that_streamed_from_s3_is_not_a_proof_of_this_node(tmp_path, beside):
+    record = tmp_path / "start.json"
+    record.write_text(json.dumps({"path": "s3", "reason": "IncompleteCopy", "model": "s3://b/m/"}))
+    a, _ = _args(tmp_path, "serve", restored=False, record=str(record))
+    beside(a)
+    r = runner.check(_observing(a), env=POD_ENV)
+    assert (r.passed, r.reason) == (False, Reason.ENGINE_BOOT_FAILED)
+    assert "not from this node's copy" in r.message and r.message.endswith(LOGS)
+
+
+def test_where_the_log_is_survives_the_messages_cut():
+    long = runner.with_log_hint("x" * 5000, LOGS)
+    back = Result.from_json(Result(False, Reason.ENGINE_BOOT_FAILED, long).to_json())
+    assert len(long) <= MESSAGE_LIMIT and back.message.endswith(LOGS)
+    assert runner.logs_command({}) == "kubectl logs POD -c vllm"
+
+
+def test_the_cli_observes_writes_the_result_and_exits_by_it(tmp_path, beside):
+    from nodewarm.cli import main
+
+    a, _ = _args(tmp_path, "serve", restored=False)
+    vllm = beside(a)
+    assert main(["engine-check", *_observing(a).to_argv()]) == 0
+    r = Result.from_json(Path(a.result).read_text())
+    assert (r.passed, r.compile_cache) == (True, "cold")
+    assert vllm.poll() is None
+
+
+def test_observe_round_trips_and_refuses_an_engine(tmp_path):
+    import argparse
+
+    a, _ = _args(tmp_path, "serve", restored=True, cache_uri="s3://b/cc/", record="/run/nodewarm/serve-start.json")
+    p = argparse.ArgumentParser()
+    add_runner_flags(p)
+    o = _observing(a)
+    assert o.to_argv()[-2:] == ["--observe", "--"]
+    assert runner_args(p.parse_args(o.to_argv())) == o
+    assert "--observe" not in a.to_argv()
+    with pytest.raises(ValueError, match="--observe starts no engine"):
+        runner_args(p.parse_args([*o.to_argv(), "python3", "serve.py"]))
+    with pytest.raises(ValueError, match="no engine command"):
+        runner_args(p.parse_args(dataclasses.replace(a, engine=()).to_argv()))
 
 
 @pytest.mark.parametrize("line, reason", [

@@ -14,6 +14,9 @@ Fails with CompileCacheNotLoaded as soon as vLLM compiles what the node agent re
 stale with --uri), ModelDoesNotFit when vLLM says the weights or the KV cache do not fit, EngineBootFailed
 when it exits otherwise, EngineCheckTimedOut after --timeout.
 
+With --observe (spec.serving.snapshot) vLLM is the pod's serving container: wait for its /health, ask it,
+judge, and leave it running for the node agent's checkpoint; nothing comes after --.
+
 Example (what the rendered pod runs):
   nodewarm engine-check --port 8000 --served-model-name llama --timeout 600 \\
     --baseline /compile-cache/nodewarm-baseline.json --vllm-cache-root /compile-cache/vllm \\

@@ -19,6 +19,7 @@ import uuid
 from nodewarm import logs
 from nodewarm.api import enginecheck
 from nodewarm.api.enginecheck import Reason, Request, Result
+from nodewarm.api.snapshot import CONTAINER as SERVING_CONTAINER
 from nodewarm.api.timeutil import fmt_time
 
 from .. import podwatch
@@ -50,9 +51,9 @@ def _ours(pods: dict[str, dict], request_id: str) -> dict | None:
     return None
 
 
-def _container(pod: dict) -> dict | None:
+def _container(pod: dict, name: str = enginecheck.CONTAINER) -> dict | None:
     for st in (pod.get("status") or {}).get("containerStatuses") or ():
-        if st.get("name") == enginecheck.CONTAINER:
+        if st.get("name") == name:
             return st
     return None
 
@@ -73,6 +74,14 @@ def verdict(pods: dict[str, dict], request_id: str) -> Result | None:
             why = ended.get("reason") or "Error"
             return Result(False, Reason.ENGINE_BOOT_FAILED, f"the check container ended ({why}, exit code "
                           f"{ended.get('exitCode')}) without a result: {' '.join(text.split())[:300] or 'no message'}")
+    # Snapshot mode: vLLM is the pod's serving container, which the observing runner cannot see end; it would wait
+    # out its timeout. Only the agent's checkpoint ends it otherwise, and that comes after the runner's answer.
+    gone = ((_container(pod, SERVING_CONTAINER) or {}).get("state") or {}).get("terminated")
+    if gone:
+        meta = pod.get("metadata") or {}
+        return Result(False, Reason.ENGINE_BOOT_FAILED, f"the {SERVING_CONTAINER} container ended "
+                      f"({gone.get('reason') or 'Error'}, exit code {gone.get('exitCode')}) before it served: "
+                      f"kubectl logs -n {meta.get('namespace', '')} {podwatch.name_of(pod)} -c {SERVING_CONTAINER}")
     if status.get("phase") == "Failed":
         if status.get("reason") == "DeadlineExceeded":
             return Result(False, Reason.ENGINE_CHECK_TIMED_OUT, f"the kubelet stopped the check pod at its "

@@ -14,6 +14,11 @@ caches are then what the serving pod loads.
 The result is one JSON object (nodewarm.api.enginecheck.Result) written where ``--result`` says: the container's
 termination message, which the node agent reads from the pod's status. vLLM's output goes on to this container's
 log as it comes (``kubectl logs``); its last lines travel in the result.
+
+Observe mode (``--observe``, ``spec.serving.snapshot``): vLLM is not this process's child but the pod's serving
+container, verbatim, so that the agent can checkpoint it once it answered. The runner waits for its /health on the
+pod's loopback, asks the same completion and judges the compile cache the same way (from the disk alone: vLLM's log
+is that container's), and never stops it. A failure's message names the container whose log says why.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nodewarm import logs
-from nodewarm.api.enginecheck import LOG_TAIL_LINES, STRICT_ENV, Reason, Result, RunnerArgs
+from nodewarm.api.enginecheck import (LOG_TAIL_LINES, MESSAGE_LIMIT, NAMESPACE_ENV, STRICT_ENV, Reason, Result,
+                                      RunnerArgs)
+from nodewarm.api.snapshot import CONTAINER as SERVING_CONTAINER
 
 from ..compilecache import hitcheck
 from ..compilecache.bundle import CacheDirs
@@ -153,61 +161,122 @@ def _start_path(record: str | None) -> str | None:
 
 
 def check(a: RunnerArgs, env: dict[str, str] | None = None, clock=time.monotonic) -> Result:
-    """Boot, answer, stop, judge. Never raises for what the engine does: every end is a Result."""
+    """Boot (or, observing, wait for), answer, stop (unless observing), judge. Never raises for what the engine
+    does: every end is a Result."""
     deadline = clock() + a.timeout_s
     try:
         baseline = hitcheck.load_baseline(Path(a.baseline))
     except (OSError, ValueError, KeyError) as e:
         return Result(False, Reason.ENGINE_CHECK_NOT_RUN, f"no baseline from the node agent at {a.baseline} "
                       f"({type(e).__name__}: {e}): the check runs only after the agent's restore")
+    if a.observe:
+        return observe(a, baseline, deadline, {**os.environ, **(env or {})}, clock)
     engine = start_engine(a.engine, {**os.environ, **(env or {}), **STRICT_ENV})
     log.info("enginecheck.started", pid=engine.proc.pid, restored=baseline.restored, timeout_s=a.timeout_s)
-    ready_at = first_at = None
-    failure: tuple[str, str] | None = None
-    early: judge.CacheVerdict | None = None
-    next_scan = clock()
     try:
-        while ready_at is None:
-            if not engine.alive():
-                break
-            if healthy(a.port):
-                ready_at = time.time()
-                break
-            if clock() >= deadline:
-                failure = (Reason.ENGINE_CHECK_TIMED_OUT, f"vLLM did not answer /health within {a.timeout_s} s")
-                break
-            if baseline.restored and clock() >= next_scan:
-                next_scan = clock() + SCAN_S
-                early = judge.compiled_after_restore(baseline, hitcheck.snapshot(_roots(a)), engine.log.text())
-                if early is not None:
-                    log.warning("enginecheck.compiling_after_restore", reason=early.verdict.reason, stopping=True)
-                    break
-            time.sleep(POLL_S)
-        if ready_at is not None:
-            try:
-                complete_once(a.port, a.served_model_name, deadline - clock())
-                first_at = time.time()
-            except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
-                failure = (Reason.ENGINE_BOOT_FAILED, f"vLLM answered /health but not a completion: "
-                           f"{type(e).__name__}: {e}")
+        served = _serve_once(a, baseline, deadline, clock, engine.alive, engine.log.text,
+                             f"vLLM did not answer /health within {a.timeout_s} s")
     finally:
         code = engine.stop()
     text = engine.log.text()
-    result = Result(False, "", "", started_at=engine.started_at, ready_at=ready_at, first_token_at=first_at,
-                    log_tail=engine.log.tail())
-    cache = judge.cache_verdict(baseline, hitcheck.snapshot(_roots(a)), text, served=first_at is not None)
-    if early is not None and not cache.not_loaded:
-        cache = early          # what stopped the boot stands, whatever the last scan of a stopped engine shows
+    reason = judge.failure_reason(text)
+    said = judge.fit_line(text) if reason == Reason.MODEL_DOES_NOT_FIT else None
+    exited = (reason, f"vLLM exited with code {code} before it served"
+              + (f": {said}" if said else ": see its last log lines"))
+    return _judged(a, baseline, served, text, exited,
+                   Result(False, "", "", started_at=engine.started_at, ready_at=served.ready_at,
+                          first_token_at=served.first_at, log_tail=engine.log.tail()))
+
+
+def observe(a: RunnerArgs, baseline: hitcheck.Baseline, deadline: float, env: dict[str, str],
+            clock=time.monotonic) -> Result:
+    """Snapshot mode: vLLM is the pod's serving container, started by the kubelet beside this one; wait for it on the
+    pod's loopback, ask it, judge, and leave it running for the agent's checkpoint. Its log is that container's, out
+    of reach here: the disk alone shows a compile, and a failure's message says where the log is."""
+    # Containers start in the pod's order, the vLLM container first: its boot is timed from this one's start.
+    started = time.time()
+    log.info("enginecheck.observing", container=SERVING_CONTAINER, port=a.port, restored=baseline.restored,
+             timeout_s=a.timeout_s)
+    served = _serve_once(a, baseline, deadline, clock, lambda: True, lambda: "",
+                         f"vLLM (container {SERVING_CONTAINER}) did not answer /health on 127.0.0.1:{a.port} "
+                         f"within {a.timeout_s} s")
+    # Unreachable by _serve_once (a watched engine never "exits" here), kept so every end has words.
+    never = (Reason.ENGINE_BOOT_FAILED, f"vLLM (container {SERVING_CONTAINER}) never served")
+    r = _judged(a, baseline, served, "", never,
+                Result(False, "", "", started_at=started, ready_at=served.ready_at, first_token_at=served.first_at))
+    return r if r.passed else replace(r, message=with_log_hint(r.message, logs_command(env)))
+
+
+def logs_command(env: dict[str, str]) -> str:
+    """Where the observed vLLM's log is: its container in this pod (HOSTNAME is the pod's name)."""
+    ns = env.get(NAMESPACE_ENV)
+    return (f"kubectl logs {f'-n {ns} ' if ns else ''}{env.get('HOSTNAME') or 'POD'} "
+            f"-c {SERVING_CONTAINER}")
+
+
+def with_log_hint(message: str, command: str) -> str:
+    """The message with where the log is at its end, which Result.to_json's cut to MESSAGE_LIMIT must not lose."""
+    hint = f"; vLLM's log: {command}"
+    room = MESSAGE_LIMIT - len(hint)
+    return (message if len(message) <= room else message[: room - 3] + "...") + hint
+
+
+@dataclass
+class Served:
+    """How far the engine got: ready and answered, or why not (a failure, or the compile the disk showed)."""
+    ready_at: float | None = None
+    first_at: float | None = None
+    failure: tuple[str, str] | None = None
+    early: judge.CacheVerdict | None = None
+
+
+def _serve_once(a: RunnerArgs, baseline: hitcheck.Baseline, deadline: float, clock: Callable[[], float],
+                alive: Callable[[], bool], log_text: Callable[[], str], timed_out: str) -> Served:
+    """Wait for /health while ``alive()`` (stopping early when a restored bundle is being compiled again), then ask
+    the one completion."""
+    s = Served()
+    next_scan = clock()
+    while s.ready_at is None:
+        if not alive():
+            break
+        if healthy(a.port):
+            s.ready_at = time.time()
+            break
+        if clock() >= deadline:
+            s.failure = (Reason.ENGINE_CHECK_TIMED_OUT, timed_out)
+            break
+        if baseline.restored and clock() >= next_scan:
+            next_scan = clock() + SCAN_S
+            s.early = judge.compiled_after_restore(baseline, hitcheck.snapshot(_roots(a)), log_text())
+            if s.early is not None:
+                log.warning("enginecheck.compiling_after_restore", reason=s.early.verdict.reason,
+                            stopping=not a.observe)
+                break
+        time.sleep(POLL_S)
+    if s.ready_at is not None:
+        try:
+            complete_once(a.port, a.served_model_name, deadline - clock())
+            s.first_at = time.time()
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            s.failure = (Reason.ENGINE_BOOT_FAILED, f"vLLM answered /health but not a completion: "
+                         f"{type(e).__name__}: {e}")
+    return s
+
+
+def _judged(a: RunnerArgs, baseline: hitcheck.Baseline, s: Served, text: str, exited: tuple[str, str],
+            result: Result) -> Result:
+    """The Result once the engine is done with: the compile cache first (a bundle that did not load is stale
+    whatever else happened), then the failure, an exit before serving (``exited``), where the weights came from."""
+    cache = judge.cache_verdict(baseline, hitcheck.snapshot(_roots(a)), text, served=s.first_at is not None)
+    if s.early is not None and not cache.not_loaded:
+        cache = s.early        # what stopped the boot stands, whatever the last scan of a stopped engine shows
     result = replace(result, compile_cache=cache.outcome)
     if cache.not_loaded:
         return _not_loaded(a, baseline, cache, result)
-    if failure is not None:
-        return replace(result, reason=failure[0], message=failure[1])
-    if ready_at is None:
-        reason = judge.failure_reason(text)
-        said = judge.fit_line(text) if reason == Reason.MODEL_DOES_NOT_FIT else None
-        return replace(result, reason=reason, message=f"vLLM exited with code {code} before it served"
-                       + (f": {said}" if said else ": see its last log lines"))
+    if s.failure is not None:
+        return replace(result, reason=s.failure[0], message=s.failure[1])
+    if s.ready_at is None:
+        return replace(result, reason=exited[0], message=exited[1])
     where = _start_path(a.start_record)
     if where not in (None, "local"):
         return replace(result, reason=Reason.ENGINE_BOOT_FAILED,
