@@ -3,7 +3,8 @@ the context it records in every key, snapshots removed when that context changes
 running container (runc + the CRIU setup builds) that the handler then restores. Whatever fails, the step says why
 and never raises: the node's Warm is the engine check's.
 
-The agent's whole path, as the node against the real API server, is in test_snapshot_agent.py."""
+The agent's whole path, as the node against the real API server, is in test_snapshot_agent_step.py; on a real
+node with vLLM, tests/realnode/test_snapshot_agent.py."""
 
 from __future__ import annotations
 
