@@ -16,6 +16,15 @@ def checked(doc):
     return p
 
 
+SNAP = {"enabled": True}
+CHECK = {"enabled": True, "timeout": "10m", "image": "registry.example/vllm-nodewarm:1"}
+
+
+def test_snapshots_are_off_unless_asked_and_on_for_al2023_with_the_engine_check():
+    assert profile.from_dict(v()).serving.snapshot is False
+    checked(v(spec__serving__snapshot=SNAP, spec__readiness__engineCheck=CHECK))
+
+
 @pytest.mark.parametrize("doc, field, words", [
     (v(spec__serving__tensorParallelSize=3), "spec.serving.tensorParallelSize", ["p5.48xlarge has 8 GPUs", "[1, 2, 4, 8]"]),
     (v(spec__serving__tensorParallelSize=16), "spec.serving.tensorParallelSize", ["8 GPUs"]),
@@ -27,6 +36,13 @@ def checked(doc):
     (v("automode", spec__nodes__userData="#!/bin/bash\n"), "spec.nodes.userData", ["Auto Mode has no user data"]),
     (v("automode", spec__weights={"peers": {"enabled": True}}), "spec.weights.peers.enabled",
      ["AL2023 agent only", "turn peers off"]),
+    (v("automode", spec__serving__snapshot=SNAP, spec__readiness__engineCheck=CHECK), "spec.serving.snapshot.enabled",
+     ["Auto Mode nodes take no user data", "AL2023"]),
+    (v(spec__nodes__amiAlias="bottlerocket@latest", spec__serving__snapshot=SNAP, spec__readiness__engineCheck=CHECK),
+     "spec.serving.snapshot.enabled", ["Bottlerocket nodes take no user data"]),
+    (v(spec__serving__snapshot=SNAP), "spec.serving.snapshot.enabled", ["engineCheck.enabled: true"]),
+    (v(spec__serving__snapshot=SNAP, spec__readiness__engineCheck={**CHECK, "timeout": "15m"}),
+     "spec.readiness.deadline", ["checkpoints the engine before Warm", "at least 22m"]),
 ])
 def test_semantic_errors_name_field_value_and_fix(doc, field, words):
     with pytest.raises(ProfileError) as e:

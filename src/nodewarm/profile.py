@@ -25,6 +25,7 @@ from .api.defaults import default
 from .api.errors import ProfileError
 from .api.schema import strict_schema
 from .api.servingspec import checked_extra_args, serving_spec
+from .api.snapshot import CHECKPOINT_TIMEOUT_S
 from .api.warmprofile import (
     Aws, Background, Bootstrap, CompileCache, Disruption, DriftPace, DriftWindow, EngineCheck, ExtraModel, Injection, Model, NodeLimits, Nodes,
     Peers, Publisher, DEFAULT_PREPULL_TIMEOUT_S, Readiness, Serving, WarmProfile, Weights, engine_check_image,
@@ -416,6 +417,14 @@ def check_snapshot(p: WarmProfile) -> None:
         raise ProfileError("spec.serving.snapshot.enabled", True,
                            "the snapshot is taken of the engine check's vLLM once it has answered: set "
                            "spec.readiness.engineCheck.enabled: true as well")
+    e, r = p.readiness.engine_check, p.readiness
+    if e.timeout_s + ENGINE_CHECK_MIN_WARMUP_S + CHECKPOINT_TIMEOUT_S > r.deadline_s:
+        raise ProfileError("spec.readiness.deadline", r.deadline,
+                           f"with spec.serving.snapshot the agent checkpoints the engine before Warm (up to "
+                           f"{CHECKPOINT_TIMEOUT_S // 60}m): the deadline must leave the engine check's timeout "
+                           f"({e.timeout}), {ENGINE_CHECK_MIN_WARMUP_S}s for the weights and that; lengthen it to "
+                           f"at least {-(-(e.timeout_s + ENGINE_CHECK_MIN_WARMUP_S + CHECKPOINT_TIMEOUT_S) // 60)}m "
+                           "or shorten engineCheck.timeout")
 
 
 def check_peers(p: WarmProfile) -> None:

@@ -47,6 +47,10 @@ ENGINE_ENV = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
 STORE_DIR = "nodewarm/snapshots"
 CONTEXT_FILE = "context.json"
 
+# The agent's checkpoint of the check's engine: runc is given this long (2.5 GB of a tiny model's engine took 4.8 s
+# on 2 cores; a GPU node's host memory share is far larger), and it counts towards the readiness deadline.
+CHECKPOINT_TIMEOUT_S = 300
+
 # The Event reasons the agent reports (besides the handler's own outcomes: NoSnapshot, KeyMismatch, ...).
 TAKEN = "SnapshotTaken"
 NOT_TAKEN = "SnapshotNotTaken"

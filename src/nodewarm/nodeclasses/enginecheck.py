@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from nodewarm.api import enginecheck as contract
 from nodewarm.api import snapshot
+from nodewarm.api.snapshot import CHECKPOINT_TIMEOUT_S
 from nodewarm.api.names import CONTROLLER_NAME, CONTROLLER_NAMESPACE, MANAGED_BY, PROFILE_LABEL
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs
 from nodewarm.api.warmprofile import WarmProfile, engine_check_image
@@ -49,9 +50,10 @@ from .nodepool import startup_taint
 GRACE_S = 60
 # In snapshot mode, past the runner's answer: the vLLM container keeps running until the agent checkpoints it
 # (which ends it), so the deadline leaves time for the agent to see the answer and for runc's checkpoint, whose own
-# limit is 300 s (bootstrap/snapshot/checkpoint.py); a checkpoint cut by the deadline is lost. If the agent never
-# checkpoints, the deadline is what ends the pod (or the controller's delete once the node reported).
-CHECKPOINT_S = 360
+# limit is api.snapshot.CHECKPOINT_TIMEOUT_S, plus a minute to see the answer; a checkpoint cut by the deadline is
+# lost. If the agent never checkpoints, the deadline is what ends the pod (or the controller's delete once the node
+# reported).
+CHECKPOINT_S = CHECKPOINT_TIMEOUT_S + 60
 # The serving pod's keys that shape what its vLLM container's process sees, and so the snapshot's key: the
 # runtime (the snapshot handler) and the env the kubelet adds (service links), the user (pod securityContext).
 SERVING_POD_KEYS = ("runtimeClassName", "enableServiceLinks", "securityContext")

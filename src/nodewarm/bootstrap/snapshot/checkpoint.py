@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodewarm.api.snapshot import CHECKPOINT_TIMEOUT_S
 from nodewarm.bootstrap.snapshot import key as snapkey
 from nodewarm.bootstrap.snapshot import nodefacts
 from nodewarm.bootstrap.snapshot.store import Snapshot, Store
@@ -34,7 +35,8 @@ class Taken:
     image_bytes: int
 
 
-def checkpoint(store: Store, tools: Tools, runc_root: str, container_id: str, timeout: float = 300) -> Taken:
+def checkpoint(store: Store, tools: Tools, runc_root: str, container_id: str,
+               timeout: float = CHECKPOINT_TIMEOUT_S) -> Taken:
     started = time.monotonic()
     state = _state(tools, runc_root, container_id)
     if state.get("status") != "running":
