@@ -52,6 +52,7 @@ class Follower:
         # The profile's further models (spec.models): reported on the Node, the ones not required warmed here.
         self.book = Book(lambda ann: report_progress(api_client, opts.node_name, ann))
         self.models = modelset.ModelSet(api_client, opts, self.book, self.stop)
+        self.snapshot_events = None     # snapshot.events.Reporter while the profile has serving.snapshot on
 
     def _peering(self, p: WarmProfile):
         """The profile's peers, started, restarted for new settings, or closed when turned off."""
@@ -137,8 +138,19 @@ class Follower:
             log.warning("node.labels_unread", error=str(e)[:200])
             return {}
 
+    def _snapshot_events(self, cfg: agent.AgentConfig) -> None:
+        """With serving.snapshot, the runtime handler's decisions become Events on their pods for as long as the
+        agent follows (snapshot/events.py)."""
+        if cfg.snapshot is None or self.api is None or self.snapshot_events is not None or self.opt.once:
+            return
+        from .snapshot.events import Reporter
+
+        self.snapshot_events = Reporter(self.api, self.opt.node_name, cfg.snapshot.store, self.stop).start()
+
     def first_warm(self, r: profilesource.Resolved) -> agent.AgentResult:
-        result = agent.run(agent_config(r, self.opt, self._node_labels(), self._peering(r.profile)), self.api)
+        cfg = agent_config(r, self.opt, self._node_labels(), self._peering(r.profile))
+        self._snapshot_events(cfg)
+        result = agent.run(cfg, self.api)
         self.last = result
         if result.warm:
             self.held, self._failed_at = r, None
