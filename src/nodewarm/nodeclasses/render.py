@@ -17,7 +17,8 @@ from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
 from nodewarm.userdata import daemonset
 
-from . import agentaccess, automode, ec2nodeclass, enginecheck, iam, identity, nodepool, peeraccess, prepull, vllm
+from . import (agentaccess, automode, ec2nodeclass, enginecheck, iam, identity, nodepool, peeraccess, prepull, snapshot,
+               vllm)
 from .launch import bootstrap_launch
 
 
@@ -73,6 +74,10 @@ def render(p: WarmProfile, types: dict[str, InstanceType],
         docs.append(vllm.publisher_service_account(p))
         docs += vllm.publisher_node_status_rbac(p) + vllm.publisher_admission_policy(p)
     docs.append(vllm.start_script_configmap(p))   # the vLLM container's start script, before its Deployment
+    if p.serving.snapshot:
+        # Before the Deployment (and the check pod) that name it: the API server refuses a pod whose RuntimeClass
+        # does not exist. Nothing at all when off, so a profile without snapshots renders what it always did.
+        docs.append(snapshot.runtime_class())
     docs += [vllm.deployment(p, types), vllm.service(p), vllm.pod_disruption_budget(p)]
     for view in models.views(p)[1:]:    # spec.models: each served as the first model is, from its view
         docs += [vllm.deployment(view, types), vllm.service(view), vllm.pod_disruption_budget(view)]

@@ -24,6 +24,8 @@ Deliberate choices:
 * each of spec.models is rendered from its view (nodewarm.api.models) by the same functions: its own Deployment,
   Service and PDB, placed by its own Node label instead (``placement``); the start script's ConfigMap and the
   publisher's ServiceAccount are the profile's, shared.
+* with ``spec.serving.snapshot``, the first model's pod is set up for the node's runtime handler to restore its vLLM
+  container (nodewarm.nodeclasses.snapshot says how and why); the further models' pods are not.
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ from nodewarm.api.generation import generation
 from nodewarm.api.names import GENERATION_LABEL, GPU_TAINT, MANAGED_BY, NODEPOOL_LABEL, PROFILE_LABEL
 from nodewarm.api.podlayout import BASELINE_FILE, CACHE_MOUNT, cache_dirs, compile_cache_dir, model_path
 from nodewarm.api.servingspec import serving_spec
+from nodewarm.api.snapshot import CONTAINER
 from nodewarm.api.warmprofile import WarmProfile
 from nodewarm.instancetypes import InstanceType
 from nodewarm.profile import largest_weights_gb
 
 from . import identity
 from . import servestart
+from . import snapshot
 from .vllmargs import spec_args, vllm_extra_args
 
 GIB = 2**30
@@ -407,7 +411,7 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
         "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
         "initContainers": [servestart.init_container(p, env(p, req.memory_bytes))],
         "containers": [{
-            "name": "vllm",
+            "name": CONTAINER,
             "image": s.image,
             # The start script (servestart): NVMe when the agent's copy is complete, else S3, else wait; it execs
             # vLLM's OpenAI server with these args (serve_start_script.serve_command).
@@ -443,6 +447,10 @@ def pod_spec(p: WarmProfile, types: dict[str, InstanceType] | None = None) -> di
         spec["containers"].append(publisher_container(p, env(p, req.memory_bytes)))
         spec["volumes"].append({"name": "signing-key", "secret": {
             "secretName": p.compile_cache.publisher.signing_key_secret, "defaultMode": 0o400}})
+    # The first model only: the agent checkpoints the engine check's vLLM, and the check runs the first model.
+    # Each of spec.models boots as it always did; a restore of it would find no snapshot under its key anyway.
+    if p.serving.snapshot and not models.is_extra(p):
+        spec = snapshot.restorable(spec)
     return spec
 
 
