@@ -32,8 +32,9 @@ def test_a_snapshot_there_but_not_used_is_a_warning_on_the_pod(reason, kind):
     assert ev["message"].startswith("container vllm: booting instead") and ev["firstTimestamp"].startswith("2027-")
 
 
-def test_a_record_that_names_no_pod_is_no_event():
+def test_a_record_that_names_no_pod_or_another_container_is_no_event():
     assert events.event(_record("NoSnapshot", pod="/"), NODE) is None
+    assert events.event({**_record("NoSnapshot"), "container": "start-script"}, NODE) is None
 
 
 @pytest.mark.kube

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from nodewarm import logs
+from nodewarm.api.snapshot import CONTAINER
 
 log = logs.get("bootstrap.snapshot")
 
@@ -26,9 +27,11 @@ POLL_S = 2.0
 
 
 def event(doc: dict, node_name: str) -> dict | None:
-    """The core/v1 Event for one outcome record, or None when it names no pod (not a Kubernetes container)."""
+    """The core/v1 Event for one outcome record, or None when it names no pod (not a Kubernetes container) or is about
+    another container than the serving one: the RuntimeClass is the pod's, so its init container and sidecar pass
+    the handler too, and their "no snapshot" says nothing worth an Event."""
     namespace, _, pod = str(doc.get("pod", "")).partition("/")
-    if not namespace or not pod:
+    if not namespace or not pod or doc.get("container") != CONTAINER:
         return None
     reason = str(doc.get("reason") or "Unknown")
     at = datetime.fromtimestamp(float(doc.get("at") or 0), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
