@@ -186,6 +186,36 @@ def test_artifact_runs_on_its_own_interpreter_with_the_build_python_hidden(unpac
     assert agent.returncode == 2 and "InvalidProfile" in err, err      # main ran to its end
 
 
+def test_the_nodes_snapshot_runtime_script_runs_the_artifacts_handler(unpacked, tmp_path, monkeypatch):
+    """nodewarm-runc as the user data writes it, in front of this artifact: the handler module runs on the
+    artifact's interpreter (bin/snapshot-handler) and passes a call it does not take to the real runc unchanged."""
+    from nodewarm.api import snapshot
+    from nodewarm.userdata import al2023
+    from nodewarm.userdata.package import HANDLER_ENTRY
+
+    sha = "c" * 64
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / sha).symlink_to(unpacked)
+    monkeypatch.setattr(al2023, "ARTIFACTS_DIR", str(tmp_path / "artifacts"))
+    monkeypatch.setattr(al2023, "STATE_DIR", str(tmp_path / "state"))
+    launch = BootstrapLaunch(artifact_uri="s3://cache-bucket/nodewarm/a.tar.gz", artifact_sha256=sha, profile="p",
+                             cache_mount="/mnt/k8s-disks/0", snapshot=True)
+    script = re.search(rf"^cat > {snapshot.HANDLER_PATH} <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$",
+                       render_script(launch), re.S | re.M).group(1)
+    (tmp_path / "nodewarm-runc").write_text(script + "\n")
+    fake = tmp_path / "bin" / "runc"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" "$NODEWARM_CRIU" > {tmp_path}/runc.out\n')
+    fake.chmod(0o755)
+    assert os.access(unpacked / HANDLER_ENTRY, os.X_OK)
+    argv = ["--root", snapshot.RUNC_ROOT, "--log", str(tmp_path / "log.json"), "state", "ctr-1"]
+    run = subprocess.run([shutil.which("sh"), str(tmp_path / "nodewarm-runc"), *argv], capture_output=True, text=True,
+                         env={"PATH": str(fake.parent)}, timeout=60)
+    assert run.returncode == 0, run.stderr
+    # The same arguments, and the handler's settings (which only the handler path sets) in its environment.
+    assert (tmp_path / "runc.out").read_text().splitlines() == [*argv, snapshot.CRIU_PATH]
+
+
 def test_artifact_refuses_another_architecture(tmp_path):
     (tmp_path / "bin").mkdir()
     script = tmp_path / "bin/nodewarm"

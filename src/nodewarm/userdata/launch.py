@@ -39,6 +39,9 @@ class BootstrapLaunch:
     # The DaemonSet launcher (Bottlerocket, Auto Mode) runs an image instead and needs no artifact.
     artifact_uri: str | None = None
     artifact_sha256: str | None = None
+    # Engine snapshots (spec.serving.snapshot): the AL2023 user data also installs containerd's snapshot runtime,
+    # a node-level fact like the rest (turning it on or off replaces the nodes).
+    snapshot: bool = False
 
     def __post_init__(self) -> None:
         if (self.artifact_uri is None) != (self.artifact_sha256 is None):
@@ -47,6 +50,9 @@ class BootstrapLaunch:
             _bad("artifact_uri", self.artifact_uri, "an s3://bucket/key URI of the file `nodewarm package` built")
         if self.artifact_sha256 is not None and not _SHA256.match(self.artifact_sha256):
             _bad("artifact_sha256", self.artifact_sha256, "the 64 lowercase hex digits `nodewarm package` printed")
+        if self.snapshot and self.artifact_uri is None:
+            _bad("snapshot", self.snapshot, "snapshots only with the AL2023 user data's artifact (the runtime handler "
+                                            "runs from it): set artifact_uri and artifact_sha256")
         if not _PROFILE.match(self.profile):
             _bad("profile", self.profile, "a WarmProfile name (a DNS label)")
         if not self.cache_mount.startswith("/") or "/../" in f"{self.cache_mount}/":

@@ -16,8 +16,8 @@ from .errors import UserDataInvalid, UserDataNotMime
 BOUNDARY = "//"
 SHELL_SCRIPT = 'text/x-shellscript; charset="us-ascii"'
 NODE_CONFIG = "application/node.eks.aws"
-# First line after the shebang of every part nodewarm writes: how a later merge recognises (and replaces)
-# its own part instead of adding a second one.
+# Second line of every part nodewarm writes (after a script's shebang, after a NodeConfig's first comment): how a
+# later merge recognises (and replaces) its own parts instead of adding them again.
 NODEWARM_MARKER = "# nodewarm-userdata-part"
 
 

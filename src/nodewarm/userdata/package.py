@@ -1,6 +1,8 @@
 """`nodewarm package`: the artifact AL2023 nodes fetch — nodewarm, its dependencies and the Python they run on.
 
 Layout: ``bin/nodewarm`` (runs ``python/bin/python3.X -I -S`` with ``site/`` first on sys.path),
+``bin/snapshot-handler`` (the engine snapshots' runtime handler, run the same way without bin/nodewarm's checks:
+it runs for every runc call of the snapshot RuntimeClass's pods, see al2023.py),
 ``python/`` (the CPython this runs on: interpreter, shared libpython, standard library with lib-dynload;
 see interpreter.py), ``site/`` (nodewarm and every distribution it requires, exactly as installed here) and
 ``manifest.json``. It is taken from this environment rather than resolved anew so the node runs the
@@ -86,9 +88,33 @@ def artifact_name(version: str, python: str, arch: str, sha256: str) -> str:
     return f"nodewarm-{version}-py{python.replace('.', '')}-{arch}-{sha256[:12]}.tar.gz"
 
 
+# The artifact's runtime handler entry: the node's nodewarm-runc script runs it (al2023.py).
+HANDLER_ENTRY = "bin/snapshot-handler"
+
+
 def launcher(python: str, arch: str, glibc: str) -> str:
     text = resources.files(__package__).joinpath("artifact-launcher.sh.tmpl").read_text()
-    return text.replace("@@PYTHON@@", python).replace("@@ARCH@@", arch).replace("@@GLIBC@@", glibc)
+    text = text.replace("@@EXEC_PYTHON@@", _exec_python(python, "nodewarm.cli"))
+    return text.replace("@@ARCH@@", arch).replace("@@GLIBC@@", glibc)
+
+
+def handler_entry(python: str) -> str:
+    text = resources.files(__package__).joinpath("artifact-handler.sh.tmpl").read_text()
+    return text.replace("@@EXEC_PYTHON@@", _exec_python(python, "nodewarm.bootstrap.snapshot.handler"))
+
+
+def _exec_python(python: str, module: str) -> str:
+    """The shell lines every entry of the artifact ends with: ``module``'s ``main(argv)`` on the artifact's CPython,
+    seeing only its standard library and ``site/`` (-I -S), with the entry's arguments; ``$root`` is the artifact.
+
+    No PYTHONHOME: -I ignores it, and the interpreter finds its standard library (python/lib/python3.X, or lib64/
+    if it was built so) from where its own executable is. LD_LIBRARY_PATH brings in only the artifact's
+    libpython, ahead of the RUNPATH of the build machine's prefix."""
+    return (f'LD_LIBRARY_PATH="$root/python/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+            f'exec "$root/python/bin/python{python}" -I -S \\\n'
+            f"  -c 'import sys; sys.path[:0] = [sys.argv.pop(1)]; from {module} import main; "
+            f"sys.exit(main(sys.argv[1:]))' \\\n"
+            f'  "$root/site" "$@"')
 
 
 def glibc_requirement(needs: elf.NodeNeeds) -> str:
@@ -127,6 +153,7 @@ def build(output_dir: Path, extras: Iterable[str] = ()) -> Artifact:
                     "glibc": glibc, "system_libraries": {k: list(v) for k, v in needs.libraries.items()},
                     "distributions": dict(sorted(versions.items()))}
         extra = {"bin/nodewarm": (launcher(python, arch, glibc).encode(), 0o755),
+                 HANDLER_ENTRY: (handler_entry(python).encode(), 0o755),
                  "manifest.json": (json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n", 0o644)}
         output_dir.mkdir(parents=True, exist_ok=True)
         partial = output_dir / ".nodewarm-artifact.partial"
