@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodewarm.api import snapshot
+
 COUNTER_C = r"""
 #include <fcntl.h>
 #include <stdint.h>
@@ -157,10 +159,12 @@ class Runc:
             subprocess.run(["runc", "--root", str(self.root), "delete", "--force", cid], capture_output=True)
 
 
-def handler(store, criu: str, argv: list[str], stdio: int | None = None) -> subprocess.CompletedProcess:
+def handler(store, criu: str, argv: list[str], stdio: int | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The snapshot handler as containerd's shim runs it: on a create, stdout and stderr are the container's log
-    pipe."""
-    env = dict(os.environ, NODEWARM_RUNC="runc", NODEWARM_CRIU=criu, NODEWARM_SNAPSHOT_ROOT=str(store.root))
+    pipe. ``env``: more settings (api.snapshot's ENV_*)."""
+    env = {**os.environ, snapshot.ENV_RUNC: "runc", snapshot.ENV_CRIU: criu, snapshot.ENV_STORE: str(store.root),
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "nodewarm.bootstrap.snapshot.handler", *argv], env=env,
                           stdin=subprocess.DEVNULL, stdout=stdio, stderr=stdio, timeout=180)
 

@@ -119,7 +119,7 @@ def test_shell_syntax_and_shellcheck(tmp_path):
 
 # --- nodewarm-runc, run for real -------------------------------------------------------------------------------------
 
-SETTINGS = (snapshot.ENV_RUNC, snapshot.ENV_CRIU, snapshot.ENV_STORE)
+SETTINGS = (snapshot.ENV_RUNC, snapshot.ENV_CRIU, snapshot.ENV_STORE, snapshot.ENV_BOOT)
 
 
 def recorder(out: Path, rc: int) -> str:
@@ -169,8 +169,19 @@ def test_without_the_artifact_every_call_goes_to_runc_unchanged(tmp_path, monkey
     node = Node(tmp_path, monkeypatch)
     run = node.run(ARGV)
     assert run.returncode == 7, run.stderr                     # runc's own status comes back
-    assert node.called("runc") == [str(node.runc), *ARGV, "env unset", "env unset", "env unset"]
+    assert node.called("runc") == [str(node.runc), *ARGV, "env unset", "env unset", "env unset", "env unset"]
     assert node.called("handler") is None
+
+
+def test_on_the_nvidia_ami_a_boot_goes_through_nvidia_container_runtime(tmp_path, monkeypatch):
+    node = Node(tmp_path, monkeypatch)
+    nvidia = _executable(node.bin / "nvidia-container-runtime", recorder(tmp_path / "nvidia.out", 5))
+    assert node.run(ARGV).returncode == 5
+    assert node.called("nvidia")[: len(ARGV) + 1] == [str(nvidia), *ARGV] and node.called("runc") is None
+    node.add_artifact()
+    assert node.run(ARGV).returncode == 0
+    said = node.called("handler")
+    assert said[len(ARGV) + 1] == f"env {node.runc}" and said[-1] == f"env {nvidia}", said
 
 
 def test_with_the_artifact_the_handler_runs_with_its_settings(tmp_path, monkeypatch):
@@ -180,7 +191,7 @@ def test_with_the_artifact_the_handler_runs_with_its_settings(tmp_path, monkeypa
     assert run.returncode == 0, run.stderr
     assert node.called("handler") == [str(node.artifacts / SHA / HANDLER_ENTRY), *ARGV,
                                       f"env {node.runc}", f"env {snapshot.CRIU_PATH}",
-                                      f"env {snapshot.store_dir(MOUNT)}"]
+                                      f"env {snapshot.store_dir(MOUNT)}", f"env {node.runc}"]
     assert node.called("runc") is None                         # the handler decides; the script does not call runc
 
 

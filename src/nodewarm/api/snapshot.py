@@ -30,7 +30,8 @@ CRIU_PATH = "/usr/local/sbin/criu"
 # it, as the stock runc runtime does.
 RUNC_ROOT = "/run/containerd/runc/k8s.io"
 # The handler's settings, from the environment its script sets (nodewarm/bootstrap/snapshot/handler.py).
-ENV_RUNC = "NODEWARM_RUNC"
+ENV_RUNC = "NODEWARM_RUNC"       # the real runc: restores, deletes, and the key's runtime version
+ENV_BOOT = "NODEWARM_BOOT"       # what every other call goes to: runc, or the NVIDIA AMI's nvidia-container-runtime
 ENV_CRIU = "NODEWARM_CRIU"
 ENV_STORE = "NODEWARM_SNAPSHOT_ROOT"
 

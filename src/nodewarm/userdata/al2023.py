@@ -114,7 +114,8 @@ def _snapshot_files(launch: BootstrapLaunch) -> str:
         _template("nodewarm-runc.sh"),
         HANDLER=shlex.quote(f"{ARTIFACTS_DIR}/{launch.artifact_sha256}/{HANDLER_ENTRY}"),
         LAUNCH_FAILURE=shlex.quote(f"{STATE_DIR}/{RECORD_FILE}"),
-        ENV_RUNC=snapshot.ENV_RUNC, ENV_CRIU=snapshot.ENV_CRIU, ENV_STORE=snapshot.ENV_STORE,
+        ENV_RUNC=snapshot.ENV_RUNC, ENV_BOOT=snapshot.ENV_BOOT, ENV_CRIU=snapshot.ENV_CRIU,
+        ENV_STORE=snapshot.ENV_STORE,
         CRIU=shlex.quote(snapshot.CRIU_PATH), STORE=shlex.quote(snapshot.store_dir(launch.cache_mount)),
     )
     seccomp_path = posixpath.join(snapshot.SECCOMP_DIR, snapshot.SECCOMP_PROFILE)

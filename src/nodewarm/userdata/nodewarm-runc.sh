@@ -9,9 +9,12 @@ if ! runc=$(command -v runc); then
   echo "nodewarm-runc: no runc on PATH ($PATH)" >&2
   exit 127
 fi
+# A boot goes where the stock runtime's would: on the NVIDIA AMI that is nvidia-container-runtime (runc with the hook
+# that gives the container its GPUs), which nodeadm makes containerd's default when it is installed.
+boot=$(command -v nvidia-container-runtime) || boot=$runc
 handler=@@HANDLER@@
 if [ ! -x "$handler" ] || [ -e @@LAUNCH_FAILURE@@ ]; then
-  exec "$runc" "$@"
+  exec "$boot" "$@"
 fi
-export @@ENV_RUNC@@="$runc" @@ENV_CRIU@@=@@CRIU@@ @@ENV_STORE@@=@@STORE@@
+export @@ENV_RUNC@@="$runc" @@ENV_BOOT@@="$boot" @@ENV_CRIU@@=@@CRIU@@ @@ENV_STORE@@=@@STORE@@
 exec "$handler" "$@"

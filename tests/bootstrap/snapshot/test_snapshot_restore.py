@@ -10,7 +10,8 @@ import pytest
 from nodewarm.bootstrap.snapshot import checkpoint as snapcheckpoint
 from nodewarm.bootstrap.snapshot.store import Store
 from nodewarm.bootstrap.snapshot.tools import Tools
-from support.runcbox import Runc, counter_rootfs, cpu_has_amx, create_and_start
+from nodewarm.api import snapshot
+from support.runcbox import Runc, counter_rootfs, cpu_has_amx, create_and_start, handler
 
 @pytest.fixture
 def store(tmp_path) -> Store:
@@ -129,3 +130,19 @@ def test_a_process_that_used_amx_tiles_goes_on_after_its_restore(store, criu, tm
         assert amx.status(b.id) == "running"
     finally:
         amx.cleanup()
+
+
+def test_a_boot_and_every_passed_call_go_to_the_boot_runtime_and_restores_to_runc(tmp_path, runc, store, criu):
+    """On the NVIDIA AMI the boot runtime is nvidia-container-runtime (runc plus the GPU hook): every call but a
+    restore goes there, so a booted container gets its GPUs as on the stock runtime."""
+    out = tmp_path / "boot.out"
+    boot = tmp_path / "nvidia-container-runtime"
+    boot.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {out}\nexec runc \"$@\"\n")
+    boot.chmod(0o755)
+    env = {snapshot.ENV_BOOT: str(boot)}
+    c = runc.bundle()
+    assert handler(store, criu, runc.create_argv(c), env=env).returncode == 0
+    assert out.read_text().split()[-1] == c.id and "create" in out.read_text().split()
+    assert outcome(store, c.id)["reason"] == "NoSnapshot"
+    assert handler(store, criu, ["--root", str(runc.root), "start", c.id], env=env).returncode == 0
+    assert out.read_text().split() == ["--root", str(runc.root), "start", c.id]

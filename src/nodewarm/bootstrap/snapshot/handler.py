@@ -12,8 +12,9 @@ that fails is a plain ``runc create``: the container boots, and its log says why
 deleted before that, so a half-restored process never serves. Each decision is also written to
 ``<store>/outcomes/<container id>.json`` for the agent to report as an Event.
 
-Settings come from the environment the node's shim script sets: NODEWARM_RUNC (the real runc), NODEWARM_CRIU,
-NODEWARM_SNAPSHOT_ROOT. Passing a call through imports nothing beyond the argument parser, as it runs for every
+Settings come from the environment the node's script sets (api.snapshot's ENV_*): the real runc (restores, deletes,
+the key's runtime version), what a boot and every passed call go to (the same runc, or the NVIDIA AMI's
+nvidia-container-runtime, which adds the hook that gives a booted container its GPUs), CRIU, and the store. Passing a call through imports nothing beyond the argument parser, as it runs for every
 runc call of those pods.
 """
 
@@ -23,6 +24,7 @@ import os
 import shutil
 import sys
 
+from nodewarm.api.snapshot import ENV_BOOT, ENV_CRIU, ENV_RUNC, ENV_STORE
 from nodewarm.bootstrap.snapshot import runcargs
 
 RESTORE_TIMEOUT_S = 120.0
@@ -30,10 +32,11 @@ RESTORE_TIMEOUT_S = 120.0
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    runc = os.environ.get("NODEWARM_RUNC", "runc")
+    runc = os.environ.get(ENV_RUNC, "runc")
     runc = runc if os.path.isabs(runc) else shutil.which(runc) or "/usr/sbin/runc"
+    boot = os.environ.get(ENV_BOOT) or runc
     call = runcargs.parse(argv)
-    root = os.environ.get("NODEWARM_SNAPSHOT_ROOT", "")
+    root = os.environ.get(ENV_STORE, "")
     if root and call.container_id and call.command in ("start", "delete", "create"):
         from nodewarm.bootstrap.snapshot.store import Store
         store = Store(root)
@@ -43,10 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             store.forget(call.container_id)
         if call.command == "create":
             from nodewarm.bootstrap.snapshot.restore import try_restore
-            if try_restore(call, store, runc=runc, criu=os.environ.get("NODEWARM_CRIU", "criu"),
+            if try_restore(call, store, runc=runc, criu=os.environ.get(ENV_CRIU, "criu"),
                            timeout=RESTORE_TIMEOUT_S):
                 return 0
-    os.execv(runc, [runc, *argv])
+    os.execv(boot, [boot, *argv])
     return 127      # not reached
 
 
