@@ -44,7 +44,8 @@ def joined(cluster, registry_host: str, s3, tmp_path: Path, doc: dict, node_name
     k = Kube(cluster.api_client())
     p = profile.from_dict(doc)
     docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
-    agentpod.give_s3(docs, s3.env())
+    if p.uses_daemonset:    # an AL2023 profile's agent is the host's (the caller runs it), not a pod
+        agentpod.give_s3(docs, s3.env())
     skip = NOT_SERVED | (set() if with_deployment else {"Deployment"})
     apply(k.api, [d for d in docs if d["kind"] not in skip])
 
