@@ -30,7 +30,7 @@ from nodewarm.api.names import SNAPSHOT_ANNOTATION
 from nodewarm.controller.kube import NODES, PODS, Kube
 from nodewarm_dev.testenv import vllmclient
 from nodewarm_dev.testenv.criu import criu_binary
-from support import snapshotnode
+from nodewarm_dev.testenv import snapshotnode
 from support.bootstrap_fixtures import node_kubeconfig, put_model
 from support.builders import NO_CACHE, v
 from support.controller_fixtures import wait_for

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as kc
 
 from nodewarm_dev.testenv import realnode
-from support import snapshotnode
+from nodewarm_dev.testenv import snapshotnode
 from support.controller_fixtures import wait_for
 from support.realcluster import print_logs
 from support.runcbox import counter_image
