@@ -13,24 +13,10 @@ import pytest
 
 from nodewarm.userdata.al2023 import UNIT_NAME, render_part, render_script
 from nodewarm.userdata.errors import UserDataInvalid
-from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm.userdata.mime import NODEWARM_MARKER
 from nodewarm.userdata.package import launcher
 
-SHA = "0123456789abcdef" * 4
-
-
-def launch(**overrides) -> BootstrapLaunch:
-    fields = dict(artifact_uri="s3://cache-bucket/nodewarm/artifacts/nodewarm-0.1.0.tar.gz", artifact_sha256=SHA,
-                  profile="llama-8b", cache_mount="/mnt/k8s-disks/0")
-    return BootstrapLaunch(**{**fields, **overrides})
-
-
-def heredoc(script: str, path: str) -> str:
-    """The file the user-data script writes to ``path``."""
-    match = re.search(rf"^cat > {re.escape(path)} <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$", script, re.S | re.M)
-    assert match, f"no heredoc for {path}"
-    return match.group(1) + "\n"
+from support.userdata_parts import SHA, check_shell, heredoc, launch
 
 
 def test_part_is_a_single_ascii_shell_part_that_email_parses():
@@ -83,15 +69,7 @@ def test_shell_syntax_and_shellcheck(tmp_path):
         "nodewarm-launch": ("bash", heredoc(script, "/opt/nodewarm/bin/nodewarm-launch")),
         "artifact-launcher": ("sh", launcher("3.11", "x86_64", "2.34")),
     }
-    for name, (shell, text) in files.items():
-        (tmp_path / name).write_text(text)
-        run = subprocess.run([shell, "-n", str(tmp_path / name)], capture_output=True, text=True)
-        assert run.returncode == 0, (name, run.stderr)
-    if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed (apt-get install -y shellcheck)")
-    for name, (shell, _) in files.items():
-        run = subprocess.run(["shellcheck", "-s", shell, str(tmp_path / name)], capture_output=True, text=True)
-        assert run.returncode == 0, (name, run.stdout)
+    check_shell(files, tmp_path)
 
 
 def _verify_unit(tmp_path: Path, unit: str) -> subprocess.CompletedProcess:

@@ -6,18 +6,13 @@ import hashlib
 import io
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 
 from nodewarm.bootstrap import launchrecord
-from nodewarm.userdata.al2023 import render_script
-from nodewarm.userdata.launch import BootstrapLaunch
 from nodewarm.userdata.package import launcher
 from support.launch import BUCKET, launch_script, run_launch, tiny_artifact
 

@@ -30,24 +30,15 @@ from nodewarm.userdata.mime import NODE_CONFIG, SHELL_SCRIPT, Part, parse, seria
 from nodewarm.userdata.package import HANDLER_ENTRY
 from support.builders import v
 
-SHA = "0123456789abcdef" * 4
-MOUNT = "/mnt/k8s-disks/0"
+from support.userdata_parts import MOUNT, SHA, check_shell, heredoc
+from support.userdata_parts import launch as _launch
 SECCOMP_PATH = f"{snapshot.SECCOMP_DIR}/{snapshot.SECCOMP_PROFILE}"
 GOLDEN = Path(__file__).parent / "golden" / "al2023-part.txt"
 SH = shutil.which("sh")     # as containerd's shim runs the script: through its #!/bin/sh, with a PATH of its own
 
 
 def launch(snapshot_on: bool = True, **overrides) -> BootstrapLaunch:
-    fields = dict(artifact_uri="s3://cache-bucket/nodewarm/artifacts/nodewarm-0.1.0.tar.gz", artifact_sha256=SHA,
-                  profile="llama-8b", cache_mount=MOUNT, snapshot=snapshot_on)
-    return BootstrapLaunch(**{**fields, **overrides})
-
-
-def heredoc(script: str, path: str) -> str:
-    """The file the user-data script writes to ``path``."""
-    match = re.search(rf"^cat > {re.escape(path)} <<'NODEWARM_EOF'\n(.*?)\nNODEWARM_EOF$", script, re.S | re.M)
-    assert match, f"no heredoc for {path}"
-    return match.group(1) + "\n"
+    return _launch(snapshot=snapshot_on, **overrides)
 
 
 # --- off: nothing changes -------------------------------------------------------------------------------------------
@@ -106,15 +97,7 @@ def test_shell_syntax_and_shellcheck(tmp_path):
     script = render_script(launch())
     files = {"part.sh": ("bash", script), "nodewarm-runc": ("sh", heredoc(script, snapshot.HANDLER_PATH)),
              "snapshot-handler": ("sh", handler_entry("3.11"))}
-    for name, (shell, text) in files.items():
-        (tmp_path / name).write_text(text)
-        run = subprocess.run([shell, "-n", str(tmp_path / name)], capture_output=True, text=True)
-        assert run.returncode == 0, (name, run.stderr)
-    if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed (apt-get install -y shellcheck)")
-    for name, (shell, _) in files.items():
-        run = subprocess.run(["shellcheck", "-s", shell, str(tmp_path / name)], capture_output=True, text=True)
-        assert run.returncode == 0, (name, run.stdout)
+    check_shell(files, tmp_path)
 
 
 # --- nodewarm-runc, run for real -------------------------------------------------------------------------------------

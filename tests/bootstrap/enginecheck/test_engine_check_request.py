@@ -16,7 +16,8 @@ from nodewarm.api import enginecheck
 from nodewarm.api.enginecheck import Reason, Result
 from nodewarm.bootstrap.enginecheck import request
 from nodewarm.controller.kube import NODES, PODS
-from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
+from support import checkpod
+from support.bootstrap_fixtures import model_files, put_model
 from support.builders import NO_CACHE, v
 
 NODE = "node-6"          # one of the API server's kubelet identities (tests/conftest.py KUBE_NODE_NAMES)
@@ -98,50 +99,19 @@ def _doc(name: str, uri: str, check: bool) -> dict:
 
 
 def _answer(k, kube, p, result: Result, seen: list):
-    """The controller's and the kubelet's part: once the Node asks, a check pod for that request on the node,
-    then its container terminated with ``result`` as its termination message (written as the node)."""
-    from nodewarm.controller.kube import Kube
-
-    ns = p.serving.namespace
-    for _ in range(1200):
-        ann = (k.get(NODES, NODE)["metadata"].get("annotations") or {}).get(enginecheck.REQUEST_ANNOTATION)
-        req = enginecheck.read_annotation(ann)
-        if isinstance(req, enginecheck.Request):
-            break
-        threading.Event().wait(0.1)
-    else:
-        seen.append("never asked")
-        return
-    seen.append(req)
-    name = enginecheck.pod_name(p.name, NODE, req.id)
-    k.create(PODS, {"metadata": {"name": name, "labels": enginecheck.labels(p.name),
-                                 "annotations": {enginecheck.REQUEST_ID_ANNOTATION: req.id,
-                                                 enginecheck.NODE_ANNOTATION: NODE}},
-                    "spec": {"nodeName": NODE, "restartPolicy": "Never",
-                             "containers": [{"name": enginecheck.CONTAINER, "image": IMAGE}]}}, ns)
-    kubelet = Kube(kube.api_client(kube.node_token(NODE)))
+    """The controller's and the kubelet's part: the check pod, its container terminated with ``result`` as its
+    termination message."""
     st = {"name": enginecheck.CONTAINER, "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
           "state": {"terminated": {"exitCode": 0 if result.passed else 1, "message": result.to_json()}}}
-    kubelet.merge_patch(PODS, name, {"status": {"phase": "Succeeded" if result.passed else "Failed",
-                                                "containerStatuses": [st]}}, sub="status", namespace=ns)
+    checkpod.answer(k, kube, p, NODE, [{"name": enginecheck.CONTAINER, "image": IMAGE}], [st],
+                    "Succeeded" if result.passed else "Failed", seen)
 
 
 def _run(kube, k, tmp_path, doc, result: Result | None):
-    from nodewarm.cli import main
-
     p = profile.from_dict(doc)
     seen: list = []
-    t = None
-    if result is not None:
-        t = threading.Thread(target=_answer, args=(k, kube, p, result, seen), daemon=True)
-        t.start()
-    mount = tmp_path / "nvme"
-    mount.mkdir(exist_ok=True)
-    rc = main(["bootstrap", "run", "--profile", p.name, "--mount", str(mount), "--node-name", NODE,
-               "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once",
-               "--state-dir", str(tmp_path / "state"), "--json"])
-    if t is not None:
-        t.join(30)
+    answer = (lambda: _answer(k, kube, p, result, seen)) if result is not None else None
+    rc = checkpod.run_agent(kube, tmp_path, p.name, NODE, answer, ("--json",))
     return rc, seen
 
 

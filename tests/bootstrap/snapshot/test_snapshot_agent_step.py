@@ -8,7 +8,6 @@ Node. When the snapshot cannot be taken the node is Warm all the same, and says 
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -18,9 +17,10 @@ from nodewarm.api import snapshot as contract
 from nodewarm.api.enginecheck import Reason, Result
 from nodewarm.api.names import SNAPSHOT_ANNOTATION, WARM_CONDITION
 from nodewarm.bootstrap.snapshot.store import Store
-from nodewarm.controller.kube import NODES, PODS, Kube, Resource
-from support.bootstrap_fixtures import model_files, node_kubeconfig, put_model
+from nodewarm.controller.kube import NODES, Resource
+from support.bootstrap_fixtures import model_files, put_model
 from support.builders import NO_CACHE, v
+from support import checkpod
 from support.runcbox import create_and_start
 
 pytestmark = [pytest.mark.kube, pytest.mark.s3]
@@ -45,52 +45,26 @@ def _doc(name: str, uri: str) -> dict:
 def _answer(k, kube, p, container_id: str, seen: list):
     """The controller's create of the check pod once the Node asks, then the kubelet's status: the runner ended
     with a passed Result, the serving container runs as ``container_id``."""
-    ns = p.serving.namespace
-    for _ in range(1200):
-        req = enginecheck.read_annotation(
-            (k.get(NODES, NODE)["metadata"].get("annotations") or {}).get(enginecheck.REQUEST_ANNOTATION))
-        if isinstance(req, enginecheck.Request):
-            break
-        threading.Event().wait(0.1)
-    else:
-        seen.append("never asked")
-        return
-    seen.append(req)
-    name = enginecheck.pod_name(p.name, NODE, req.id)
-    k.create(PODS, {"metadata": {"name": name, "labels": enginecheck.labels(p.name),
-                                 "annotations": {enginecheck.REQUEST_ID_ANNOTATION: req.id,
-                                                 enginecheck.NODE_ANNOTATION: NODE}},
-                    "spec": {"nodeName": NODE, "restartPolicy": "Never",
-                             "containers": [{"name": contract.CONTAINER, "image": IMAGE},
-                                            {"name": enginecheck.CONTAINER, "image": IMAGE}]}}, ns)
     served = Result(True, Reason.ENGINE_SERVED, "vLLM answered", compile_cache="cold")
     statuses = [
         {"name": contract.CONTAINER, "image": IMAGE, "imageID": "", "ready": True, "restartCount": 0,
          "containerID": f"containerd://{container_id}", "state": {"running": {"startedAt": "2026-12-07T00:00:00Z"}}},
         {"name": enginecheck.CONTAINER, "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
          "state": {"terminated": {"exitCode": 0, "message": served.to_json()}}}]
-    kubelet = Kube(kube.api_client(kube.node_token(NODE)))
-    kubelet.merge_patch(PODS, name, {"status": {"phase": "Running", "containerStatuses": statuses}},
-                        sub="status", namespace=ns)
+    containers = [{"name": contract.CONTAINER, "image": IMAGE}, {"name": enginecheck.CONTAINER, "image": IMAGE}]
+    checkpod.answer(k, kube, p, NODE, containers, statuses, "Running", seen)
 
 
 def _run(kube, k, tmp_path, doc, container_id: str, runc_root: str, criu: str):
-    from nodewarm.cli import main
-
     p = profile.from_dict(doc)
     try:
         k.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": p.serving.namespace}})
     except Exception:  # noqa: BLE001 - already there
         pass
     seen: list = []
-    t = threading.Thread(target=_answer, args=(k, kube, p, container_id, seen), daemon=True)
-    t.start()
+    rc = checkpod.run_agent(kube, tmp_path, p.name, NODE, lambda: _answer(k, kube, p, container_id, seen),
+                            ("--snapshot-runc-root", runc_root, "--snapshot-criu", criu))
     mount = tmp_path / "nvme"
-    mount.mkdir(exist_ok=True)
-    rc = main(["bootstrap", "run", "--profile", p.name, "--mount", str(mount), "--node-name", NODE,
-               "--kubeconfig", str(node_kubeconfig(kube, tmp_path, NODE)), "--skip-load-check", "--once",
-               "--state-dir", str(tmp_path / "state"), "--snapshot-runc-root", runc_root, "--snapshot-criu", criu])
-    t.join(30)
     assert seen and seen[0] != "never asked", seen
     return rc, mount
 
