@@ -32,6 +32,8 @@ Render everything one WarmProfile needs, as multi-document YAML for `kubectl app
 
 With spec.readiness.engineCheck: also the check pod's PodTemplate and a Role + RoleBinding that let the controller
 (its ServiceAccount in --controller-namespace) create pods from it, both in the serving namespace.
+With spec.serving.snapshot (AL2023): also the RuntimeClass nodewarm-snapshot, which the serving pod and the check pod
+name, and user data that installs its runtime handler in containerd (docs/snapshots.md); changing it rolls the pool.
 
 IAM policies, one per principal (agent: reader of the model, compile-cache and artifact prefixes, on the
 node role for the AL2023 host agent or the DaemonSet's role; publisher: writer of the compile-cache prefix
