@@ -69,6 +69,8 @@ def test_on_adds_a_nodeconfig_part_whose_containerd_toml_adds_the_runtime():
     assert list(toml) == ["plugins"] and list(runtimes) == [snapshot.RUNTIME_HANDLER]
     assert runtimes[snapshot.RUNTIME_HANDLER] == {
         "runtime_type": "io.containerd.runc.v2",
+        # The rlimits of the stock runtime (nodeadm writes the file on every node), not containerd's defaults.
+        "base_runtime_spec": "/etc/containerd/base-runtime-spec.json",
         # No Root: the shim's default is runc's own state root, where the agent's checkpoint looks.
         "options": {"BinaryName": snapshot.HANDLER_PATH, "SystemdCgroup": True},
     }

@@ -73,19 +73,26 @@ def render_script(launch: BootstrapLaunch) -> str:
     return script
 
 
+# Written by nodeadm on every AL2023 node (its containerd step) and named by its default runtime.
+BASE_RUNTIME_SPEC = "/etc/containerd/base-runtime-spec.json"
+
+
 def render_nodeconfig() -> str:
     """The NodeConfig part that adds the snapshot runtime to containerd (``spec.containerd.config``).
 
     nodeadm merges every NodeConfig part in order, and merges their containerd TOML key by key, so the user's own
     containerd settings and this one add up; Karpenter's NodeConfig, last, sets no containerd config. The runtime is
-    the stock runc shim with nodewarm-runc as its runc, and the cgroup driver of AL2023's own runc runtime; no
-    Root: the shim's default is runc's own state root (``RUNC_ROOT``), where the agent's checkpoint looks.
+    the stock runc shim with nodewarm-runc as its runc, and what AL2023's own runc runtime has: its cgroup driver, and
+    the base runtime spec nodeadm writes on every node (``BASE_RUNTIME_SPEC``: its rlimits, e.g. open files, which a
+    serving pod needs as much on this runtime as on the stock one); no Root: the shim's default is runc's own state
+    root (``RUNC_ROOT``), where the agent's checkpoint looks.
     Its first lines are comments, as Karpenter's own NodeConfig begins with one: the second is the marker
     ``merge`` knows nodewarm's parts by."""
     runtime = f"plugins.{json.dumps(CRI_PLUGIN)}.containerd.runtimes.{json.dumps(snapshot.RUNTIME_HANDLER)}"
     toml = "\n".join([
         f"[{runtime}]",
         'runtime_type = "io.containerd.runc.v2"',
+        f"base_runtime_spec = {json.dumps(BASE_RUNTIME_SPEC)}",
         f"[{runtime}.options]",
         f"BinaryName = {json.dumps(snapshot.HANDLER_PATH)}",
         "SystemdCgroup = true",
