@@ -107,10 +107,10 @@ def k(admin):
 
 @pytest.fixture
 def fresh_node(k):
-    """Create a Node (deleting a leftover one first) carrying ``taints``; deleted afterwards."""
+    """Create a Node (deleting a leftover one first) carrying ``taints``; deleted afterwards, with its pods."""
     from kubernetes.client.exceptions import ApiException
 
-    from nodewarm.controller.kube import NODES
+    from nodewarm.controller.kube import NODES, PODS
 
     made = []
 
@@ -129,6 +129,14 @@ def fresh_node(k):
             k.delete(NODES, name)
         except ApiException:
             pass
+        # And the pods a test bound to it: nothing here garbage-collects them, and a real kubelet registering the
+        # same name later in the session would adopt and run every one not finished.
+        for pod in k.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={name}"})["items"]:
+            try:
+                k.request("DELETE", PODS.path(pod["metadata"]["name"], pod["metadata"]["namespace"]),
+                          body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+            except ApiException:
+                pass
 
 
 @pytest.fixture(scope="session")
