@@ -5,7 +5,7 @@
 # empty tmpfs, so a script, test environment or demo that still reads a file beside the checkout (upstream CRDs,
 # reference notes, another checkout's venv) fails here instead of working by accident. What it may reuse are the
 # machine's caches, as a new user's second clone would: the built API-server binaries (~/.cache/nodewarm/k8s), the
-# helm/kubectl layer and pip's cache. scripts/test.sh runs it after the suite, beside the floors pass.
+# helm/kubectl layer and pip's cache. scripts/test.sh runs it between the suite and the floors pass.
 #   NODEWARM_STANDALONE_DEMO="ARGS"  what the demo runs (default: --nodes 1 --no-baseline --nodes-as played: real
 #                                    vLLM, node A's cold compile, then one warmed node's first completion. The nodes
 #                                    are played: this check is about the files a clone reads, and the demo on real

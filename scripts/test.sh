@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, and .ci/run on a clean clone): set up, run the whole suite against the real local
-# servers (kube-apiserver + etcd, S3) and real CPU torch.compile, then, side by side, the clean-clone check
-# (scripts/check-standalone.sh: a clone with nothing beside it runs setup and the demo) and the suite once more at
+# servers (kube-apiserver + etcd, S3) and real CPU torch.compile, then the clean-clone check
+# (scripts/check-standalone.sh: a clone with nothing beside it runs setup and the demo), then the suite once more at
 # the dependency floors (scripts/test-floors.sh), so the floors pyproject.toml declares are proven. Arguments go to
 # pytest; with arguments (a developer running part of the suite) the clean-clone check is left out.
 #
@@ -12,21 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m pytest --durations=30 "$@"     # the slowest 30: where CI time goes (docs/testing.md)
-if (($# > 0)); then
-  exec env -u NODEWARM_CRDS_DIR bash scripts/test-floors.sh "$@"
+if (($# == 0)); then
+  bash scripts/check-standalone.sh
 fi
-# The clean-clone check and the floors pass share nothing but the machine (the check works in a clone of its own,
-# in a mount namespace of its own), so they run side by side: on 2 cores that is minutes of CI time. The check's
-# output goes to a file, printed whole once it ends, so the two never interleave; either one failing fails the run.
-log=$(mktemp "${TMPDIR:-/tmp}/nodewarm-standalone.XXXXXX.log")
-bash scripts/check-standalone.sh >"$log" 2>&1 &
-check=$!
-floors=0
-env -u NODEWARM_CRDS_DIR bash scripts/test-floors.sh || floors=$?
-standalone=0
-wait "$check" || standalone=$?
-echo "===== the clean-clone check (scripts/check-standalone.sh), exit status $standalone ====="
-cat "$log"
-rm -f "$log"
-echo "===== the floors pass exit status $floors, the clean-clone check's $standalone ====="
-((floors == 0 && standalone == 0))
+exec env -u NODEWARM_CRDS_DIR bash scripts/test-floors.sh "$@"
