@@ -49,10 +49,13 @@ def seccomp_profile():
     path = Path(contract.SECCOMP_DIR) / contract.SECCOMP_PROFILE
     if path.exists():
         pytest.fail(f"{path} exists already: another node's user data on this machine? remove it first")
+    made = not path.parent.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(contract.SECCOMP))
     yield path
     path.unlink(missing_ok=True)
+    if made:
+        path.parent.rmdir()
 
 
 def _agent(node, cluster, p, s3, tmp_path) -> subprocess.Popen:
