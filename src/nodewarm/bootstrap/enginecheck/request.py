@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 
 from nodewarm import logs
 from nodewarm.api import enginecheck
@@ -44,8 +45,9 @@ def ask(api_client, node_name: str, request_id: str) -> Request:
     return req
 
 
-def _ours(pods: dict[str, dict], request_id: str) -> dict | None:
-    for pod in pods.values():
+def answering(pods: Iterable[dict], request_id: str) -> dict | None:
+    """The check pod among ``pods`` that answers ``request_id`` (the controller's annotation on it)."""
+    for pod in pods:
         if ((pod.get("metadata") or {}).get("annotations") or {}).get(enginecheck.REQUEST_ID_ANNOTATION) == request_id:
             return pod
     return None
@@ -60,7 +62,7 @@ def _container(pod: dict, name: str = enginecheck.CONTAINER) -> dict | None:
 
 def verdict(pods: dict[str, dict], request_id: str) -> Result | None:
     """The answer to ``request_id`` once its pod is done, else None (still to come, or running)."""
-    pod = _ours(pods, request_id)
+    pod = answering(pods.values(), request_id)
     if pod is None:
         return None
     status = pod.get("status") or {}
@@ -93,7 +95,7 @@ def verdict(pods: dict[str, dict], request_id: str) -> Result | None:
 
 def not_run(pods: dict[str, dict], request_id: str, waited_s: float, namespace: str, profile: str) -> Result:
     """What to report when the time is up without an answer: as far as the pod (if any) says why."""
-    pod = _ours(pods, request_id)
+    pod = answering(pods.values(), request_id)
     if pod is None:
         return Result(False, Reason.ENGINE_CHECK_NOT_RUN, f"no check pod ran on this node within {waited_s:.0f} s: "
                       f"the controller creates it from PodTemplate {enginecheck.template_name(profile)} in namespace "

@@ -85,11 +85,9 @@ def check_pod(api_client, node_name: str, namespace: str, profile: str, request_
     pods = kc.CoreV1Api(api_client).list_namespaced_pod(
         namespace, field_selector=f"spec.nodeName={node_name}", label_selector=enginecheck.label_selector(profile),
         _preload_content=False)
-    for pod in json.loads(pods.data).get("items") or ():
-        if ((pod.get("metadata") or {}).get("annotations") or {}).get(
-                enginecheck.REQUEST_ID_ANNOTATION) == request_id:
-            return pod
-    return None
+    from ..enginecheck.request import answering
+
+    return answering(json.loads(pods.data).get("items") or (), request_id)
 
 
 def take(settings: Settings, pod: dict | None, key_context: dict[str, str]) -> TakeResult:
