@@ -24,7 +24,7 @@ from nodewarm.cli import build_parser, main
 from nodewarm.userdata.al2023 import render_script
 from nodewarm.userdata.errors import PackageError
 from nodewarm.userdata.launch import BootstrapLaunch
-from nodewarm.userdata import interpreter
+from nodewarm.userdata import interpreter, package
 from nodewarm.userdata.package import artifact_name, build, launcher, requirement_closure
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -252,6 +252,16 @@ def test_artifact_refuses_when_the_nodes_glibc_cannot_be_read(unpacked, tmp_path
     env = {"PATH": tools_path(tmp_path, getconf="exit 1", ldd="exit 1")}
     run = subprocess.run([str(unpacked / "bin/nodewarm"), "--version"], capture_output=True, text=True, env=env)
     assert run.returncode == 3 and "cannot tell this node's glibc version" in run.stderr
+
+
+def test_the_wheels_copy_of_a_checkout_leaves_out_every_virtual_environment_whatever_its_name(tmp_path):
+    for venv in (".venv", ".venv-serving", "envs-any-name"):
+        (tmp_path / venv).mkdir()
+        (tmp_path / venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "venvish").mkdir()        # a folder merely named like one is source
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert package._source_ignore(str(tmp_path), names) == {".venv", ".venv-serving", "envs-any-name"}
 
 
 def test_build_is_reproducible(tmp_path):
