@@ -3,7 +3,7 @@ product's own path: the profile rendered and applied as a user applies it, the A
 process with the node's identity, the engine check's pod created by the nodewarm controller's pod from the rendered
 PodTemplate, and the serving Deployment's pod restored by the runtime handler.
 
-Judged by the engine's own evidence: the check's engine booted (its pod's log says there was no snapshot); the
+Judged by the engine's own evidence: the check's engine booted (the handler's record says there was no snapshot); the
 agent checkpointed it and said so on the Node; the serving pod's vLLM comes from that snapshot (its log says so,
 and its own request counter already holds the check's request: a new process would start at 0), answers four
 concurrent requests the same greedy way, and its /v1/models and /metrics are live.
@@ -113,9 +113,14 @@ def test_the_engine_warmed_by_the_check_is_the_one_that_serves(
         assert taken["taken"] and taken["reason"] == contract.TAKEN, taken
         assert (store / taken["slot"] / "key.json").is_file()
         assert oct(store.stat().st_mode & 0o777) == "0o700", "the store is root's alone"
-        check_logs = "".join(f.read_text(errors="replace") for f in node.log_dir.glob(
-            f"{p.serving.namespace}_{NAME}-engine-check-*/{contract.CONTAINER}/*.log"))
-        assert "booting instead: no snapshot of this container on this node" in check_logs, check_logs[-3000:]
+        # The handler's own record of its decision for the check pod. Not the pod's log: the controller deletes the
+        # check pod once answered, and the kubelet removes its log folder with it. In --once mode no Reporter turns
+        # the record into an Event, so it stays in the store.
+        decisions = [json.loads(f.read_text()) for f in (store / "outcomes").glob("*.json")]
+        check = [d for d in decisions if d.get("container") == contract.CONTAINER
+                 and d.get("pod", "").startswith(f"{p.serving.namespace}/{NAME}-engine-check-")]
+        assert [d["reason"] for d in check] == ["NoSnapshot"], decisions
+        assert check[0]["message"].startswith("booting instead: no snapshot of this container on this node"), check
 
         created = time.monotonic()
         pod = _serving_pod(k, p)
