@@ -525,14 +525,8 @@ def snapshotter(cfg: AgentConfig, api_client):
     def take_one(request_id: str, cache):
         from .snapshot import take
 
-        try:
-            pod = take.check_pod(api_client, cfg.node_name, cfg.serving_namespace, cfg.profile, request_id)
-        except Exception as e:  # noqa: BLE001 - no snapshot; the serving pod boots and the node is Warm anyway
-            from nodewarm.api import snapshot as contract
-
-            return take.TakeResult(False, contract.NOT_TAKEN, f"no snapshot: cannot read the check pod: "
-                                   f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-        return take.take(cfg.snapshot, pod, take.context(cfg.generation, cache))
+        return take.take_for_request(cfg.snapshot, api_client, cfg.node_name, cfg.serving_namespace, cfg.profile,
+                                     request_id, take.context(cfg.generation, cache))
 
     return take_one
 

@@ -116,3 +116,16 @@ def test_a_node_without_criu_takes_no_snapshot_and_says_why(tmp_path, runc, criu
     assert not got.taken and got.reason == contract.NOT_TAKEN and "CRIU" in got.message, got.message
     assert runc.status(c.id) == "running", "a snapshot not taken leaves the check's engine alone"
     assert store.slots() == []
+
+
+def test_a_check_pod_that_cannot_be_read_takes_no_snapshot_and_says_why(tmp_path):
+    class Refusing:      # stands for an API client whose request fails (the kubernetes client's calls go through it)
+        def __getattr__(self, name):
+            raise ConnectionError("connection refused\n  to the API server")
+
+    settings = take.Settings(store=tmp_path / "store", runc_root=str(tmp_path), runc="runc", criu="criu")
+    got = take.take_for_request(settings, Refusing(), "node-1", "default", "llm", "r1", {"generation": "g1"})
+    assert (got.taken, got.reason) == (False, contract.NOT_TAKEN)
+    assert got.message == ("no snapshot: cannot read the check pod: ConnectionError: connection refused to the API "
+                           "server"), got.message
+    assert not (tmp_path / "store").exists(), "nothing is written when the pod cannot be read"

@@ -84,7 +84,7 @@ def _restore(call, store, tools, snapshot, outcome, timeout) -> bool:
     except Exception as e:
         why = f"{type(e).__name__}: {e}"
     # Nothing half-restored may stay: the container id is about to be created afresh.
-    subprocess.run([tools.runc, *call.global_args, "delete", "--force", call.container_id],
+    subprocess.run(tools.runc_cmd(call.global_args, "delete", "--force", call.container_id),
                    capture_output=True, timeout=60)
     shutil.rmtree(work, ignore_errors=True)
     return outcome.booted("RestoreFailed", why)

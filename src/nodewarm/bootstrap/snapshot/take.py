@@ -90,6 +90,21 @@ def check_pod(api_client, node_name: str, namespace: str, profile: str, request_
     return answering(json.loads(pods.data).get("items") or (), request_id)
 
 
+def take_for_request(settings: Settings, api_client, node_name: str, namespace: str, profile: str,
+                     request_id: str, key_context: dict[str, str]) -> TakeResult:
+    """The agent's one call once the check passed: find the pod that answered ``request_id``, then ``take``.
+    Never raises."""
+    try:
+        pod = check_pod(api_client, node_name, namespace, profile, request_id)
+    except Exception as e:  # noqa: BLE001 - no snapshot; the serving pod boots and the node is Warm anyway
+        return TakeResult(False, contract.NOT_TAKEN, _why("no snapshot: cannot read the check pod", e, 300))
+    return take(settings, pod, key_context)
+
+
+def _why(prefix: str, e: Exception, limit: int) -> str:
+    return f"{prefix}: {type(e).__name__}: {' '.join(str(e).split())[:limit]}"
+
+
 def take(settings: Settings, pod: dict | None, key_context: dict[str, str]) -> TakeResult:
     """Checkpoint the check pod's serving container into the store. Never raises: every failure is the result."""
     from . import checkpoint
@@ -109,7 +124,7 @@ def take(settings: Settings, pod: dict | None, key_context: dict[str, str]) -> T
         tools = Tools(runc=settings.runc, criu=settings.criu, criu_config=store.criu_config)
         got = checkpoint.checkpoint(store, tools, settings.runc_root, cid)
     except Exception as e:  # noqa: BLE001 - the serving pod boots instead; the node stays Warm
-        msg = f"no snapshot: {type(e).__name__}: {' '.join(str(e).split())[:600]}"
+        msg = _why("no snapshot", e, 600)
         log.warning("snapshot.not_taken", error=msg, seconds=round(time.monotonic() - started, 3))
         return TakeResult(False, contract.NOT_TAKEN, msg)
     msg = (f"snapshot {got.snapshot.path.name} taken in {got.seconds:.1f}s ({got.image_bytes / 1e9:.2f} GB): the "
