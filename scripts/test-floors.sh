@@ -14,8 +14,8 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp || dev/pyproject.toml -nt $stamp 
   rm -rf "$venv"
   "${PYTHON:-python3}" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$venv/bin/python" -m pip install -q "torch==2.13.0"
-  "$venv/bin/python" -m pip install -q -c constraints/floors.txt -e ".[torch,streamer]" -e ./dev
+  "$venv/bin/python" -m pip install -q --no-compile "torch==2.13.0"      # --no-compile: as scripts/setup.sh
+  "$venv/bin/python" -m pip install -q --no-compile -c constraints/floors.txt -e ".[torch,streamer]" -e ./dev
   touch "$stamp"
 fi
 # What pip resolved must be the floors themselves, not something newer that slipped in.
@@ -41,4 +41,5 @@ PY
 # Nor the realnode tests: their pods run the nodewarm image, whose dependencies are the image's, not these floors.
 # Not the slow tests either: they are torch.compile runs (torch is the same 2.13.0 in both environments) and the
 # probe demo, whose kube and S3 paths the other tests cover at the floors too; the suite runs them all.
-exec "$venv/bin/python" -m pytest --durations=30 -m "not vllm and not realnode and not slow" "$@"
+source scripts/test-selection.sh
+exec "$venv/bin/python" -m pytest "${LIGHT_WORKERS[@]}" --durations=30 -m "$LIGHT_TESTS" "$@"
