@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -179,14 +180,14 @@ def _cache(run: dict) -> str:
             f"{e['aotLoadFailures']} AOT load failures")
 
 
-def _restore_seconds(handler_line: str | None) -> float | None:
-    """The handler's own time, from its line "restored from the snapshot SLOT in N.Ns"."""
-    if not handler_line or not handler_line.startswith("restored from the snapshot"):
-        return None
-    try:
-        return float(handler_line.rsplit(" in ", 1)[1].rstrip("s"))
-    except (IndexError, ValueError):
-        return None
+def _restore_seconds(handler_line: str | None) -> tuple[float | None, dict[str, float]]:
+    """The handler's own time and where it went, from its line "restored from the snapshot SLOT in N.Ns (key
+    N.Ns, verify N.Ns, criu N.Ns)"."""
+    m = re.match(r"restored from the snapshot \S+ in ([0-9.]+)s(?: \((.*)\))?", handler_line or "")
+    if not m:
+        return None, {}
+    laps = dict(re.findall(r"(\w+) ([0-9.]+)s", m.group(2) or ""))
+    return float(m.group(1)), {k: float(v) for k, v in laps.items()}
 
 
 def _machine() -> dict:
@@ -311,14 +312,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"restore-{r} was not restored: the handler said {rest['handler']!r}")
             row = {"round": r, "boot": boot,
                    "checkpoint": {"seconds": taken["seconds"], "imageBytes": taken["imageBytes"]},
-                   "restore": {**rest, "handlerRestoreSeconds": _restore_seconds(rest["handler"])},
+                   "restore": {**rest, "handlerRestoreSeconds": _restore_seconds(rest["handler"])[0],
+                               "handlerPhases": _restore_seconds(rest["handler"])[1]},
                    "sameAnswer": rest["answer"] == boot["answer"],
                    "loadAverage": os.getloadavg()[0]}
             rounds.append(row)
             print(f"round {r}: boot {boot['createToFirstCompletionSeconds']} s to first completion (engine init "
                   f"{boot['engine']['engineInitSeconds']} s, {_cache(boot)}); "
                   f"checkpoint {taken['seconds']:.1f} s, {taken['imageBytes'] / 1e9:.2f} GB; restore "
-                  f"{rest['createToFirstCompletionSeconds']} s (handler {row['restore']['handlerRestoreSeconds']} s); "
+                  f"{rest['createToFirstCompletionSeconds']} s (handler {row['restore']['handlerRestoreSeconds']} s: "
+                  f"{row['restore']['handlerPhases']}); "
                   f"same answer: {row['sameAnswer']}", flush=True)
         report["roundsDetail"] = rounds
     except BaseException:

@@ -44,7 +44,11 @@ def test_a_create_with_a_snapshot_is_the_checkpointed_process_going_on(runc, sto
     assert token2 == token, "a restored process keeps the token it drew at its start"
     assert n2 > n and shared2 > shared >= n, "it counts on from where it was, in memory and in /dev/shm"
     assert "restored from the snapshot" in log
-    assert outcome(store, b.id)["result"] == "Restored"
+    done = outcome(store, b.id)
+    assert done["result"] == "Restored"
+    # Where the restore's time went, said in the pod's log and recorded: the key, the manifest, CRIU.
+    assert set(done["phases"]) == {"key", "verify", "criu"} and sum(done["phases"].values()) <= done["seconds"]
+    assert all(f"{k} {v:.1f}s" in log for k, v in done["phases"].items()), log
     assert not list(store.root.glob(".restore-*")), "a restore that worked leaves no work directory"
 
 

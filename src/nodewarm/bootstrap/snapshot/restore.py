@@ -54,7 +54,9 @@ def try_restore(call: runcargs.RuncCall, store: Store, *, runc: str, criu: str, 
         if diffs:
             return outcome.booted("KeyMismatch", f"the snapshot {want.slot} was taken under another key "
                                                  f"(differs in {', '.join(diffs[:8])})")
+        outcome.lap("key")
         verify(snapshot)
+        outcome.lap("verify")
     except nodefacts.ToolMissing as e:
         return outcome.booted("NoCRIU", str(e))
     except SnapshotUnusable as e:
@@ -76,6 +78,7 @@ def _restore(call, store, tools, snapshot, outcome, timeout) -> bool:
         except subprocess.TimeoutExpired:
             rc, why = -1, f"runc restore did not finish in {timeout:.0f}s"
         if rc == 0:
+            outcome.lap("criu")
             shutil.rmtree(work, ignore_errors=True)      # CRIU's log of a restore that worked: nothing to keep
             store.mark_restored(call.container_id)
             outcome.restored(snapshot.path.name)
@@ -94,14 +97,21 @@ class _Outcome:
     def __init__(self, store: Store, container_id: str, pod: str, container: str, started: float):
         self.store, self.container_id, self.pod, self.container, self.started = (
             store, container_id, pod, container, started)
+        self.phases: dict[str, float] = {}      # where a restore's time went: the key, the manifest, CRIU
+        self._lap = started
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase], self._lap = round(now - self._lap, 3), now
 
     def booted(self, reason: str, message: str) -> bool:
         self._record(BOOTED, reason, f"booting instead: {message}")
         return False
 
     def restored(self, slot: str) -> None:
+        laps = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
         self._record(RESTORED, "Restored", f"restored from the snapshot {slot} in "
-                                           f"{time.monotonic() - self.started:.1f}s")
+                                           f"{time.monotonic() - self.started:.1f}s ({laps})")
 
     def _record(self, result: str, reason: str, message: str) -> None:
         line = f"nodewarm snapshot: {message}"
@@ -111,7 +121,7 @@ class _Outcome:
             pass
         doc = {"result": result, "reason": reason, "message": message, "pod": self.pod,
                "container": self.container, "containerID": self.container_id,
-               "seconds": round(time.monotonic() - self.started, 3), "at": time.time()}
+               "seconds": round(time.monotonic() - self.started, 3), "phases": self.phases, "at": time.time()}
         try:
             self.store.record_outcome(self.container_id, doc)
         except (OSError, ValueError):
