@@ -310,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             live.remove(f"restore-{r}")
             if not (rest["handler"] or "").startswith("restored from the snapshot"):
                 raise RuntimeError(f"restore-{r} was not restored: the handler said {rest['handler']!r}")
+            handler_s, phases = _restore_seconds(rest["handler"])
             row = {"round": r, "boot": boot,
                    "checkpoint": {"seconds": taken["seconds"], "imageBytes": taken["imageBytes"]},
-                   "restore": {**rest, "handlerRestoreSeconds": _restore_seconds(rest["handler"])[0],
-                               "handlerPhases": _restore_seconds(rest["handler"])[1]},
+                   "restore": {**rest, "handlerRestoreSeconds": handler_s, "handlerPhases": phases},
                    "sameAnswer": rest["answer"] == boot["answer"],
                    "loadAverage": os.getloadavg()[0]}
             rounds.append(row)
