@@ -28,8 +28,8 @@ from nodewarm import profile
 from nodewarm.api import snapshot as contract
 from nodewarm.api.names import SNAPSHOT_ANNOTATION
 from nodewarm.controller.kube import NODES, PODS, Kube
+from nodewarm.nodeclasses.launch import bootstrap_launch
 from nodewarm_dev.testenv import vllmclient
-from nodewarm_dev.testenv.criu import criu_binary
 from nodewarm_dev.testenv import snapshotnode
 from support.bootstrap_fixtures import node_kubeconfig, put_model
 from support.builders import NO_CACHE, v
@@ -45,28 +45,14 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 @pytest.fixture
 def seccomp_profile():
-    """The profile the rendered vLLM container names, where the user data writes it (the kubelet's seccomp root)."""
-    path = Path(contract.SECCOMP_DIR) / contract.SECCOMP_PROFILE
-    if path.exists():
-        pytest.fail(f"{path} exists already: another node's user data on this machine? remove it first")
-    made = not path.parent.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(contract.SECCOMP))
-    yield path
-    path.unlink(missing_ok=True)
-    if made:
-        path.parent.rmdir()
+    with snapshotnode.seccomp_profile() as path:
+        yield path
 
 
 def _agent(node, cluster, p, s3, tmp_path) -> subprocess.Popen:
-    """`nodewarm bootstrap run --once` as the AL2023 unit runs it: root, in the node's mount namespace (where its
-    NVMe mount and containerd's containers are), with the node's own credentials."""
-    code = "import sys; from nodewarm.cli import main; sys.exit(main(sys.argv[1:]))"
-    argv = node.in_mount_namespace(
-        sys.executable, "-c", code, "bootstrap", "run", "--profile", p.name, "--mount", p.nodes.cache_mount,
-        "--node-name", NODE, "--kubeconfig", str(node_kubeconfig(cluster, tmp_path, NODE)), "--once",
-        "--skip-load-check", "--state-dir", str(tmp_path / "state"),
-        "--snapshot-runc-root", str(node.state_dir / "runc" / "k8s.io"), "--snapshot-criu", str(criu_binary()))
+    """The AL2023 agent as the node's unit runs it (snapshotnode.host_agent_argv), with the node's credentials."""
+    launch = bootstrap_launch(p).bootstrap_argv()
+    argv = snapshotnode.host_agent_argv(node, launch, NODE, node_kubeconfig(cluster, tmp_path, NODE), tmp_path / "state")
     env = {"PYTHONPATH": str(SRC), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **s3.env()}
     return subprocess.Popen(argv, env=env, stdout=open(tmp_path / "agent.out", "w"), stderr=subprocess.STDOUT)
 

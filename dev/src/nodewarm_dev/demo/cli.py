@@ -61,11 +61,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--model-mb sizes the probe engine's model-like file set; with --engine vllm the model is "
                          "the tiny Llama real vLLM serves (nodewarm_dev/testenv/tinymodel.py): drop --model-mb "
                          "or use --engine probe")
+    if args.snapshots and (args.engine != "vllm" or args.nodes_as == "played" or args.models == 2):
+        raise SystemExit("--snapshots: engine snapshots are vLLM's on real nodes (a kubelet, containerd, runc and "
+                         "CRIU): use it with --engine vllm, --nodes-as auto or real, and --models 1")
     opts = DemoOptions(
         nodes=nodes, model_mb=args.model_mb or 1024, engine=args.engine, workdir=Path(args.workdir) if args.workdir else None,
         out_dir=Path(args.out), baseline=not args.no_baseline, keep=args.keep, log_json=args.log_json,
         log_file=Path(args.log_file) if args.log_file else None, scheduler_max_backoff_s=args.scheduler_max_backoff,
-        s3_engine=args.s3, real_nodes={"auto": None, "real": True, "played": False}[args.nodes_as],
+        s3_engine=args.s3, real_nodes=True if args.snapshots else {"auto": None, "real": True, "played": False}[args.nodes_as],
+        snapshots=args.snapshots,
     )
     if args.models == 2:
         from .models import run_models_demo
@@ -89,6 +93,11 @@ def register(sub) -> None:
                         "containerd, as root, else played, with a line saying why; real: fail rather than play; "
                         "played: containers as local processes from .venv-serving). --models 2 and the probe engine "
                         "always play their nodes")
+    d.add_argument("--snapshots", action="store_true",
+                   help="engine snapshots on the warm nodes (spec.serving.snapshot, docs/snapshots.md): they are "
+                        "AL2023 nodes with the host agent, whose engine check boots vLLM; the agent checkpoints it "
+                        "and the serving pod is restored from it instead of booting. Real nodes only (root, CRIU "
+                        "as scripts/setup.sh builds it)")
     d.add_argument("--model-mb", type=int, help="--engine probe: size of the model-like safetensors set (default 1024)")
     d.add_argument("--out", default="out/demo", help="where timeline.json and timeline.png go (default out/demo)")
     d.add_argument("--workdir", help="scratch folder for servers and node disks (default: a temp dir)")

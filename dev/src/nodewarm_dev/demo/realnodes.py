@@ -126,14 +126,17 @@ class RealNodes:
         return cls(cluster, s3_endpoint, work, reg, refs[0], refs[1])
 
     def join(self, name: str, *, claim: dict | None = None, host_dirs: dict[str, Path] | None = None,
-             labels: dict[str, str] | None = None, gpus: str | None = None) -> realnode.RealNode:
+             labels: dict[str, str] | None = None, gpus: str | None = None,
+             runtime_handlers: dict[str, Path] | None = None) -> realnode.RealNode:
         """Start a real node: of a launched NodeClaim (its providerID, labels and registration taints), or a bare
-        one with ``labels``. GPUs, when named, are advertised as the device plugin would."""
+        one with ``labels``. GPUs, when named, are advertised as the device plugin would; ``runtime_handlers`` go
+        to its containerd (the snapshot handler the AL2023 user data installs)."""
         kw = realnode.from_nodeclaim(claim) if claim else {"labels": labels or {}}
         node = realnode.start(self.cluster, name, self.nodes_root / name, **kw,
                               registries={self.registry.host: self.registry.url}, host_dirs=host_dirs or {},
                               services={kubeenv.KUBERNETES_SERVICE: self.cluster.server.removeprefix("https://"),
-                                        kubeenv.S3_SERVICE: self.s3_endpoint.removeprefix("http://")})
+                                        kubeenv.S3_SERVICE: self.s3_endpoint.removeprefix("http://")},
+                              runtime_handlers=runtime_handlers)
         self.nodes[name] = node
         # The prepull DaemonSet's main container: no registry is reachable here, so each node holds a pause image
         # under the renderer's name for it, as an EKS AMI holds its own.

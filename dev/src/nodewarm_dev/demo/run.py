@@ -33,6 +33,8 @@ so one serving port): each pod's boot and first completion are its own run's dur
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -97,6 +99,9 @@ class DemoOptions:
     # vLLM on real nodes (realnodes.py): None = where this machine can (else played, saying why), True = required,
     # False = played (podrun). The probe engine's nodes are always played.
     real_nodes: bool | None = None
+    # Engine snapshots (docs/snapshots.md) on the warm nodes: real nodes only. They are AL2023 nodes then (the user
+    # data installs the runtime handler), the agent the host's; the engine check's vLLM is what serves.
+    snapshots: bool = False
 
     @property
     def log_path(self) -> Path:
@@ -180,16 +185,18 @@ def seed_compile_cache(srv: servers.Servers, work: Path, spec) -> tuple[str, dic
 
 
 def demo_profile(size_gb: float, verify_key: str, nodes: int, engine: str = "probe",
-                 port: int = 8000, images: tuple[str, str] | None = None) -> WarmProfile:
-    return checked_profile(demo_profile_doc(size_gb, verify_key, nodes, engine, port, images))
+                 port: int = 8000, images: tuple[str, str] | None = None, snapshots: bool = False) -> WarmProfile:
+    return checked_profile(demo_profile_doc(size_gb, verify_key, nodes, engine, port, images, snapshots))
 
 
 def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = "probe", port: int = 8000,
-                     images: tuple[str, str] | None = None) -> dict:
+                     images: tuple[str, str] | None = None, snapshots: bool = False) -> dict:
     """The demo's WarmProfile document (models.py adds spec.models to it). With vLLM: a publisher sidecar (the seed
     bundle's producer and the hit proof) and Pod Identity, so the start script may stream from S3 on a cold node
     (its cold path, which the baseline takes). ``images`` (nodewarm's, the serving one): real nodes, on Auto Mode,
-    so that every part nodewarm ships runs as a pod there, the agent as the rendered DaemonSet's."""
+    so that every part nodewarm ships runs as a pod there, the agent as the rendered DaemonSet's; with ``snapshots``
+    they stay AL2023 nodes (the only kind whose user data installs the snapshot runtime), the agent the host's, and
+    the engine check boots the vLLM that serves."""
     doc = {
         "apiVersion": "nodewarm.io/v1alpha1", "kind": "WarmProfile", "metadata": {"name": PROFILE_NAME},
         "spec": {
@@ -220,12 +227,19 @@ def demo_profile_doc(size_gb: float, verify_key: str, nodes: int, engine: str = 
             agent_image, serving_image = images
             # Real nodes: the images built from this checkout, and requests this 2-core machine's kubelet can
             # admit (a g6e.xlarge's would not fit). The node's "NVMe" is a folder: no instance store to prove.
-            spec["nodes"]["mode"] = "automode"
-            del spec["nodes"]["amiAlias"]            # Auto Mode picks the AMI itself
-            spec["bootstrap"].update(image=agent_image, allowNonNvme=True)
-            spec["aws"]["agentRoleArn"] = "arn:aws:iam::111122223333:role/nodewarm-agent-demo"
+            spec["bootstrap"]["allowNonNvme"] = True
             spec["serving"].update(image=serving_image, resources=REAL_NODE_RESOURCES)
             spec["compileCache"]["publisher"]["image"] = serving_image
+            if snapshots:
+                # The check's timeout, then the weights and the checkpoint must fit the deadline (check_snapshot).
+                spec["serving"]["snapshot"] = {"enabled": True}
+                spec["readiness"].update(deadline="25m", engineCheck={"enabled": True, "timeout": "10m",
+                                                                     "image": serving_image})
+            else:
+                spec["nodes"]["mode"] = "automode"
+                del spec["nodes"]["amiAlias"]            # Auto Mode picks the AMI itself
+                spec["bootstrap"]["image"] = agent_image
+                spec["aws"]["agentRoleArn"] = "arn:aws:iam::111122223333:role/nodewarm-agent-demo"
     return doc
 
 
@@ -271,7 +285,8 @@ def baseline_objects(p: WarmProfile, nodepool: dict, engine: str = "probe") -> l
     pool["metadata"] = {"name": BASELINE_POOL}
     pool["spec"]["template"]["metadata"] = {}
     pool["spec"]["template"]["spec"].pop("startupTaints", None)
-    d = demo_deployment(p, engine)
+    # Nor nodewarm's snapshot runtime: the baseline's nodes have none.
+    d = demo_deployment(dataclasses.replace(p, serving=dataclasses.replace(p.serving, snapshot=False)), engine)
     labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": BASELINE_POOL}
     d["metadata"] = {"name": BASELINE_POOL, "namespace": d["metadata"]["namespace"], "labels": labels}
     d["spec"]["selector"] = {"matchLabels": labels}
@@ -396,14 +411,38 @@ def bootstrap_node(srv: servers.Servers, p: WarmProfile, node: str, mount: Path,
                    view: live.LiveView | None = None, log_line: Callable[[str], None] | None = None) -> dict:
     """The real `nodewarm bootstrap run` as a process, with this node's own kubelet identity. Its JSON log lines
     (stderr) feed the live view and go where the demo's own logs go, tagged with the node."""
-    kcfg = srv.kube.write_kubeconfig(srv.workdir / f"kubeconfig-{node}", srv.kube.node_token(node), f"system:node:{node}")
     # The agent reads model, serving and compile-cache settings from the WarmProfile object, as on a real
     # node; --once because the demo waits for each node's result.
     argv = [sys.executable, "-m", "nodewarm.cli", "bootstrap", "run", "--profile", p.name, "--mount", str(mount),
-            "--node-name", node, "--kubeconfig", str(kcfg), "--allow-non-nvme", "--once", "--json",
-            "--state-dir", str(mount / "state")]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **srv.s3.env()})
+            "--node-name", node, "--kubeconfig", str(node_kubeconfig(srv, node)), "--allow-non-nvme", "--once",
+            "--json", "--state-dir", str(mount / "state")]
+    return run_agent(argv, {**os.environ, **srv.s3.env()}, node, view, log_line)
+
+
+def node_kubeconfig(srv: servers.Servers, node: str) -> Path:
+    """The node's own identity (system:node:NAME), as its kubelet has it."""
+    return srv.kube.write_kubeconfig(srv.workdir / f"kubeconfig-{node}", srv.kube.node_token(node),
+                                     f"system:node:{node}")
+
+
+def warm_node_host(srv: servers.Servers, rn: realnodes.RealNodes, p: WarmProfile, node: str, state: Path,
+                   view: live.LiveView | None = None, log_line: Callable[[str], None] | None = None) -> dict:
+    """The AL2023 agent on a real node: the argv its user data's unit runs (userdata.launch), as root in the node's
+    mount namespace with the node's identity and the snapshot step pointed at the node's runc and CRIU
+    (snapshotnode.host_agent_argv). Returns its report, as ``bootstrap_node`` does."""
+    from nodewarm.nodeclasses.launch import bootstrap_launch
+    from nodewarm_dev.testenv import snapshotnode
+
+    launch = bootstrap_launch(p).bootstrap_argv() + ["--allow-non-nvme", "--json"]
+    argv = snapshotnode.host_agent_argv(rn.nodes[node], launch, node, node_kubeconfig(srv, node), state)
+    return run_agent(argv, {**os.environ, **srv.s3.env()}, node, view, log_line)
+
+
+def run_agent(argv: list[str], env: dict[str, str], node: str, view: live.LiveView | None,
+              log_line: Callable[[str], None] | None) -> dict:
+    """The agent process ``argv``, --once --json: its JSON log lines (stderr) feed the live view and go where the
+    demo's own logs go, tagged with the node; its report (stdout) is returned. Killed after BOOTSTRAP_TIMEOUT_S."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if view:
         view.agent_started(node, proc.pid)
     tail: list[str] = []
@@ -481,11 +520,12 @@ def baseline_pull_s(srv: servers.Servers, work: Path, pods: int) -> float:
 
 
 # -- real nodes (realnodes.py): the same steps, the kubelet running the pods --------------------------------------
-def real_register(rn: realnodes.RealNodes, sim, claim: dict, node: str, host_dirs: dict[str, Path]) -> float:
+def real_register(rn: realnodes.RealNodes, sim, claim: dict, node: str, host_dirs: dict[str, Path],
+                  runtime_handlers: dict[str, Path] | None = None) -> float:
     """A launched NodeClaim's node as a real kubelet, then Karpenter's registration. Returns when registered."""
     for d in host_dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    rn.join(node, claim=claim, host_dirs=host_dirs)
+    rn.join(node, claim=claim, host_dirs=host_dirs, runtime_handlers=runtime_handlers)
     sim.mark_registered(claim["metadata"]["name"])
     return time.time()
 
@@ -494,6 +534,21 @@ def nodeclass_words(p: WarmProfile) -> str:
     if p.nodes.mode == "automode":
         return "NodeClass (Auto Mode: ephemeral storage on the NVMe; the agent a DaemonSet)"
     return "EC2NodeClass (RAID0 + bootstrap user data)"
+
+
+def snapshot_words(facts: dict) -> str:
+    """What the agent said of the engine check and its snapshot, in one phrase."""
+    check, snap = facts.get("engine_check") or {}, facts.get("snapshot") or {}
+    boot = f"the check's vLLM booted in {check['boot_s']:.1f}s" if check.get("boot_s") is not None else "the check"
+    if not snap.get("taken"):
+        return f"{boot}; no snapshot: {snap.get('message')}"
+    return f"{boot}; snapshot {snap['slot']} taken in {snap['seconds']:.1f}s ({snap['bytes'] / 1e9:.2f} GB)"
+
+
+def restore_line(text: str) -> str | None:
+    """The snapshot handler's line in a container's log (restored, or booting instead and why), if any."""
+    return next((ln.split("nodewarm snapshot: ", 1)[1].strip() for ln in text.splitlines()
+                 if "nodewarm snapshot: " in ln), None)
 
 
 def warm_node_real(admin, rn: realnodes.RealNodes, p: WarmProfile, node: str, view: live.LiveView,
@@ -534,16 +589,17 @@ def create_signing_secret(admin, private_key: Path) -> None:
 
 
 def seed_compile_cache_real(srv: servers.Servers, admin, rn: realnodes.RealNodes, p: WarmProfile, work: Path,
-                            pod_env: dict[str, str]) -> vllm_engine.Served:
+                            pod_env: dict[str, str],
+                            runtime_handlers: dict[str, Path] | None = None) -> vllm_engine.Served:
     """Node A for real: a node of its own (no NodeClaim, no taint), the agent's pull onto its NVMe folder, then the
     rendered pod bound to it, which its kubelet runs; the publisher publishes vLLM's cold compile. Node A leaves
-    afterwards."""
+    afterwards. ``runtime_handlers``: its containerd has the snapshot handler, as the pool's nodes have."""
     from nodewarm.controller.kube import PODS, Kube
 
     root = work / "node-a"
     node_mount(p, root).mkdir(parents=True, exist_ok=True)
     rn.join(NODE_A, labels={"node.kubernetes.io/instance-type": p.nodes.instance_types[0]},
-            host_dirs={p.nodes.cache_mount: node_mount(p, root)}, gpus="1")
+            host_dirs={p.nodes.cache_mount: node_mount(p, root)}, gpus="1", runtime_handlers=runtime_handlers)
     pull_weights(srv, p, root)
     name = f"{p.name}-vllm-node-a"
     spec = agentpod.with_env(vllm.deployment(p)["spec"]["template"]["spec"], pod_env)
@@ -587,6 +643,15 @@ def serve_warm_nodes_real(admin, rn: realnodes.RealNodes, p: WarmProfile, names:
         hit = outcome == "hit" and ev.verdict() not in ("recompiled", "compiled")
         # The kubelet's word for each of the pod's containers: the image was already there (the pre-pull).
         pulled = realnodes.pulled_events(k, NAMESPACE, pod)
+        if tl.facts.get("snapshot"):
+            # Restore -> first completion against the warm-cache boot the same node made in its engine check.
+            tl.facts["snapshot_restore"] = restore_line(
+                realnodes.container_text(rn.nodes[n], NAMESPACE, pod, vllm_engine.VLLM_CONTAINER))
+            check = tl.facts.get("engine_check") or {}
+            booted = (check.get("boot_s") or 0) + (check.get("first_token_s") or 0)
+            restored = served.boot_s + served.first_completion_s
+            tl.facts["restore_vs_boot"] = {"restored_s": round(restored, 3), "booted_s": round(booted, 3),
+                                           "ratio": round(restored / booted, 3) if booted else None}
         tl.facts.update(engine_boot_s=round(served.boot_s, 3), first_completion_s=round(served.first_completion_s, 3),
                         engine_waited_s=round(served.started - tl.times[DemoPhase.POD_BOUND], 3),
                         start_path=ev.start_path, vllm_compile=ev.verdict(), init_engine_s=ev.engine.init_s,
@@ -707,7 +772,8 @@ def execute(opts: DemoOptions, out: TextIO) -> DemoResult:
                                  "registry on 127.0.0.1 ...")
                         rn = realnodes.RealNodes.start(srv.kube, srv.s3.endpoint, work)
                         view.say(f"   {rn.nodewarm_image}, {rn.serving_image}")
-                    return _run(srv, opts, names, work, storage, files, view, log_line, rn)
+                    with contextlib.ExitStack() as cleanup:      # what _run installs on this machine
+                        return _run(srv, opts, names, work, storage, files, view, log_line, cleanup, rn)
                 finally:
                     view.close()
                     if rn:
@@ -891,7 +957,7 @@ def serve_baseline(binds: BaselineBinds, admin, serving: Serving, p: WarmProfile
 
 
 def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, storage: Path,
-         files: list[Path], view: live.LiveView, log_line: Callable[[str], None],
+         files: list[Path], view: live.LiveView, log_line: Callable[[str], None], cleanup: contextlib.ExitStack,
          rn: realnodes.RealNodes | None = None) -> DemoResult:
     from kubernetes import client
 
@@ -913,25 +979,41 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         srv.s3.upload_tree(seed_root(work, opts.s3_engine), MODEL_BUCKET)
     size_gb = model_listed(srv, files)
     client.CoreV1Api(admin).create_namespace({"metadata": {"name": NAMESPACE}})
-    serving = seeded = cold = None
+    serving = seeded = cold = handlers = None
     if real:
         pair = signing.generate(work / "signing.key")
         # A real node's pods have a network namespace each: the profile's own port. Played pods share this machine's.
         p = demo_profile(size_gb, pair.public, opts.nodes, "vllm", 8000 if rn else free_port(),
-                         (rn.nodewarm_image, rn.serving_image) if rn else None)
+                         (rn.nodewarm_image, rn.serving_image) if rn else None, opts.snapshots)
         rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
         if rn:
             pod_env = realnodes.runtime_env(srv.s3.env())
             agentpod.give_s3(rendered, srv.s3.env())
+            for d in rendered:
+                if d["kind"] == "PodTemplate":
+                    # The check pod gets what the runtime gives the serving pod (below): a snapshot's key holds the
+                    # container's environment, so the two must see the same one, as a cluster's Pod Identity
+                    # webhook gives the same to both (they share the ServiceAccount).
+                    d["template"]["spec"] = agentpod.with_env(d["template"]["spec"], pod_env)
         for a in apply(admin, [d for d in rendered if d["kind"] not in ("Deployment", *kubeenv.NOT_SERVED)]):
             say(f"   applied {a.kind}/{a.name}: {a.action}")
         where = "on a real node (its kubelet and containerd)" if rn else "(real vLLM, CPU)"
         say(f"2. S3 seeded: the tiny Llama ({size_gb * 1e3:.1f} MB, safetensors); WarmProfile, {nodeclass_words(p)}, "
             f"NodePool, {'the agent DaemonSet, ' if rn else ''}publisher ServiceAccount and RBAC applied. Node A (the first node to serve) pulls the model, runs the "
             f"rendered vLLM pod {where} and its publisher sidecar publishes the compile, signed ...")
+        if rn and p.serving.snapshot:
+            # What the AL2023 user data installs on each node of the pool, node A's included: the runtime handler
+            # (here the product's module run from this checkout) and the seccomp profile the serving container
+            # names (in the kubelet's root, which the nodes share here; removed at the end).
+            from nodewarm.api import snapshot as snapcontract
+            from nodewarm_dev.testenv import snapshotnode
+
+            handlers = {snapcontract.RUNTIME_HANDLER: snapshotnode.handler_script(
+                work / "nodewarm-runc", Path(snapcontract.store_dir(p.nodes.cache_mount)))}
+            cleanup.enter_context(snapshotnode.seccomp_profile())
         if rn:
             create_signing_secret(admin, pair.private_path)
-            seeded = seed_compile_cache_real(srv, admin, rn, p, work, pod_env)
+            seeded = seed_compile_cache_real(srv, admin, rn, p, work, pod_env, handlers)
         else:
             serving = serving_setup(srv, p, rendered, work, pair.private_path)
             seeded = seed_compile_cache_vllm(srv, admin, p, serving, work)
@@ -981,12 +1063,14 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         if rn:
             # The kubelet registers with Karpenter's taints; its NVMe mount is this node's folder. It pulls the
             # serving image for the pre-pull pod itself, while the agent warms.
-            timelines[n].mark(DemoPhase.REGISTERED, real_register(rn, sim, launched[n], n, {p.nodes.cache_mount: mounts[n]}))
+            timelines[n].mark(DemoPhase.REGISTERED, real_register(rn, sim, launched[n], n,
+                                                                  {p.nodes.cache_mount: mounts[n]}, handlers))
         else:
             timelines[n].mark(DemoPhase.REGISTERED, register(sim, claims[n], n))
             # No container runtime: the serving image's pre-pull pod is "pulled" at once by the stand-in kubelet.
             sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
-    agent = "the agent DaemonSet's pod" if rn else "bootstrap"
+    agent = ("the AL2023 agent (the host's, as the user data runs it)" if handlers else
+             "the agent DaemonSet's pod" if rn else "bootstrap")
     say(f"5. scale-up of {opts.nodes}: NodeClaims launched, Nodes registered with {p.readiness.taint_key}:NoSchedule;"
         f" {agent} running on each node (its NVMe: {'tmpfs' if str(storage).startswith('/dev/shm') else 'a disk folder'})")
     say("   per node, live (time: seconds since the node registered):")
@@ -994,7 +1078,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
 
     reports: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        futures = {n: (pool.submit(warm_node_real, admin, rn, p, n, view, log_line) if rn else
+        futures = {n: (pool.submit(warm_node_host, srv, rn, p, n, work / f"agent-state-{n}", view, log_line)
+                       if handlers else
+                       pool.submit(warm_node_real, admin, rn, p, n, view, log_line) if rn else
                        pool.submit(bootstrap_node, srv, p, n, mounts[n], view, log_line)) for n in names}
         for n, f in futures.items():
             reports[n] = f.result()
@@ -1010,7 +1096,11 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                             compile_cache=(reports[n]["compileCache"] or {}).get("status"))
             if reports[n].get("agent_pod"):
                 tl.facts["agent_pod"] = reports[n]["agent_pod"]
-    if rn:
+            if reports[n].get("snapshot"):
+                tl.facts.update(engine_check=reports[n].get("engineCheck"), snapshot=reports[n]["snapshot"])
+    if handlers:
+        say("   the agents: " + ", ".join(f"{n}: {snapshot_words(timelines[n].facts)}" for n in names))
+    elif rn:
         say("   the agents: " + ", ".join(f"{n} pod {p.bootstrap.namespace}/{timelines[n].facts['agent_pod']}"
                                           for n in names) + f" (the rendered DaemonSet, image {rn.nodewarm_image})")
 
@@ -1129,6 +1219,14 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             say(f"  {n}: {f['bytes'] / 1e6:.0f} MB verified ({f['throughput_mb_s']:.0f} MB/s), compile cache "
                 f"{f['compile_cache']}, first compiled call {f['first_call_s']:.2f}s "
                 f"({'HIT' if f['compile_cache_hit'] else 'MISS'}), {store}")
+    for n in names:
+        f = timelines[n].facts
+        if "restore_vs_boot" in f:
+            r = f["restore_vs_boot"]
+            say(f"  {n}, engine snapshot: {snapshot_words(f)}; the serving pod's container: "
+                f"{f.get('snapshot_restore')!r}; its start to the first completion {r['restored_s']:.1f}s against "
+                f"the check's boot to its first token {r['booted_s']:.1f}s (warm compile cache)"
+                + (f": ratio {r['ratio']:.2f}" if r["ratio"] is not None else ""))
     if base and real:
         runs = base["runs"]
         say(f"\nNo-warm baseline, measured in this run: {base['pods']} node(s) without the startup taint, registered the "

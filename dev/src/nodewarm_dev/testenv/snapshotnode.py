@@ -4,6 +4,7 @@ it, and a pod's container log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from kubernetes import client as kc
 
+from nodewarm.api import snapshot as contract
 from nodewarm.api.snapshot import ENV_CRIU, ENV_RUNC, ENV_STORE
 
 from .criu import criu_binary
@@ -27,6 +29,36 @@ def handler_script(path: Path, store: Path) -> Path:
                     f"PYTHONPATH={SRC} {sys.executable} -m nodewarm.bootstrap.snapshot.handler \"$@\"\n")
     path.chmod(0o755)
     return path
+
+
+@contextlib.contextmanager
+def seccomp_profile():
+    """The seccomp profile the rendered vLLM container names (api.snapshot.SECCOMP), where the AL2023 user data
+    writes it: the kubelet's seccomp root, which every real node on this machine shares. Removed afterwards; one
+    already there is refused (another node's user data on this machine?)."""
+    path = Path(contract.SECCOMP_DIR) / contract.SECCOMP_PROFILE
+    if path.exists():
+        raise RuntimeError(f"{path} exists already: another node's user data on this machine? remove it first")
+    made = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(contract.SECCOMP))
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        if made:
+            path.parent.rmdir()
+
+
+def host_agent_argv(node, launch_argv: list[str], node_name: str, kubeconfig: Path, state_dir: Path) -> list[str]:
+    """``nodewarm <launch_argv>`` (what the AL2023 user data's unit runs: userdata.launch) as that unit runs it: root,
+    in the node's mount namespace (its NVMe mount, containerd's containers), with the node's own credentials, and
+    the snapshot step pointed at this node's runc state and the CRIU setup builds. ``--once``: it exits at Warm."""
+    code = "import sys; from nodewarm.cli import main; sys.exit(main(sys.argv[1:]))"
+    return node.in_mount_namespace(
+        sys.executable, "-c", code, *launch_argv, "--node-name", node_name, "--kubeconfig", str(kubeconfig),
+        "--once", "--state-dir", str(state_dir),
+        "--snapshot-runc-root", str(node.state_dir / "runc" / "k8s.io"), "--snapshot-criu", str(criu_binary()))
 
 
 def create_runtime_class(api_client, handler: str) -> None:
