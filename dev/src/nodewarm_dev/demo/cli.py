@@ -34,6 +34,14 @@ Exit codes: 0 every replica bound, each after its node's taint was lifted; 1 oth
 early, a replica not bound, a step that failed). Everything it starts is stopped at the end, also on
 Ctrl-C. Needs the setup done by scripts/setup.sh.
 
+--snapshots (spec.serving.snapshot, docs/snapshots.md; real nodes only) makes the warm nodes AL2023 nodes, as
+the user data sets them up: the agent is the host's (the unit's command line, as root in the node's mount
+namespace), containerd has nodewarm's snapshot handler, and the engine check boots vLLM on the tainted node;
+the agent checkpoints that engine once it answered, and the serving pod's container is restored from it
+instead of booting. It prints, per node, the check's boot against the restored pod's start to its first
+completion, and the handler's own line (where the restore's time went). Node A runs on a node of the same
+class (it boots: there is no snapshot yet); the baseline's nodes have no snapshot runtime.
+
 --models 2 (spec.models, docs/models.md) runs another flow on the same servers: a profile with a second
 model, not required, so the taint waits for the first model only and the second warms in the background on
 each node (4-GPU nodes: one pod of each model per node). The node agents follow the profile in this process.
