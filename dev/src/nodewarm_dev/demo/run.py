@@ -988,7 +988,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         rendered = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
         if rn:
             pod_env = realnodes.runtime_env(srv.s3.env())
-            agentpod.give_s3(rendered, srv.s3.env())
+            if p.uses_daemonset:        # an AL2023 agent is the host's, given S3 as a process (warm_node_host)
+                agentpod.give_s3(rendered, srv.s3.env())
             for d in rendered:
                 if d["kind"] == "PodTemplate":
                     # The check pod gets what the runtime gives the serving pod (below): a snapshot's key holds the
