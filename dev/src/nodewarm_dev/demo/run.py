@@ -355,10 +355,11 @@ def baseline_scheduling(admin, sim, p: WarmProfile, nodepool: dict, nodes: int, 
 
 
 class Watcher:
-    """Records, with wall-clock precision, when each node loses the startup taint and when pods are bound."""
+    """Records, with wall-clock precision, when each node loses the startup taint and when the serving pods
+    (``pod_selector``: the engine check's pod is bound to its node while the taint is on) are bound."""
 
-    def __init__(self, api_client, taint_key: str, timelines: dict[str, NodeTimeline]):
-        self.api, self.taint_key, self.timelines = api_client, taint_key, timelines
+    def __init__(self, api_client, taint_key: str, timelines: dict[str, NodeTimeline], pod_selector: str):
+        self.api, self.taint_key, self.timelines, self.pod_selector = api_client, taint_key, timelines, pod_selector
         self.stop = threading.Event()
         self.bound: dict[str, str] = {}
         self._threads = [threading.Thread(target=self._nodes, daemon=True),
@@ -404,7 +405,8 @@ class Watcher:
                 if node in self.timelines:
                     self.timelines[node].mark(DemoPhase.POD_BOUND, time.time())
 
-        self._loop(client.CoreV1Api(self.api).list_namespaced_pod, handle, namespace=NAMESPACE)
+        self._loop(client.CoreV1Api(self.api).list_namespaced_pod, handle, namespace=NAMESPACE,
+                   label_selector=self.pod_selector)
 
 
 def bootstrap_node(srv: servers.Servers, p: WarmProfile, node: str, mount: Path,
@@ -633,7 +635,7 @@ def serve_warm_nodes_real(admin, rn: realnodes.RealNodes, p: WarmProfile, names:
     for n in sorted((n for n in names if DemoPhase.POD_BOUND in timelines[n].times),
                     key=lambda n: timelines[n].times[DemoPhase.POD_BOUND]):
         tl = timelines[n]
-        pod = bound_pod(admin, n)["metadata"]["name"]
+        pod = bound_pod(admin, n, serving_selector(demo_deployment(p)))["metadata"]["name"]
         served = realnodes.serve(k, rn.nodes[n], NAMESPACE, pod, p.serving.port, p.name, with_publisher=True,
                                  wait_for="verdict")
         tl.mark(DemoPhase.ENGINE_READY, served.ready)
@@ -888,10 +890,16 @@ def seed_compile_cache_vllm(srv: servers.Servers, admin, p: WarmProfile, serving
     return served
 
 
-def bound_pod(admin, node: str) -> dict:
+def serving_selector(deployment: dict) -> str:
+    """The label selector of ``deployment``'s pods (not the engine check's, in the same namespace)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(deployment["spec"]["selector"]["matchLabels"].items()))
+
+
+def bound_pod(admin, node: str, selector: str) -> dict:
     from kubernetes import client
 
-    pods = client.CoreV1Api(admin).list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}").items
+    pods = client.CoreV1Api(admin).list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}",
+                                                       label_selector=selector).items
     if not pods:
         raise RuntimeError(f"no pod bound to {node}")
     return with_service_account_token(admin.sanitize_for_serialization(pods[0]))
@@ -913,7 +921,7 @@ def serve_warm_nodes(admin, serving: Serving, p: WarmProfile, names: tuple[str, 
     for n in sorted((n for n in names if DemoPhase.POD_BOUND in timelines[n].times),
                    key=lambda n: timelines[n].times[DemoPhase.POD_BOUND]):
         tl = timelines[n]
-        served = vllm_engine.serve(bound_pod(admin, n), serving.env(roots[n], work / "pods" / n), serving.port,
+        served = vllm_engine.serve(bound_pod(admin, n, serving_selector(demo_deployment(p))), serving.env(roots[n], work / "pods" / n), serving.port,
                                    p.name, with_publisher=True, wait_for="verdict")
         # <= 0: how long this pod waited for the engine before
         shift = tl.times[DemoPhase.POD_BOUND] - served.started
@@ -1000,7 +1008,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             say(f"   applied {a.kind}/{a.name}: {a.action}")
         where = "on a real node (its kubelet and containerd)" if rn else "(real vLLM, CPU)"
         say(f"2. S3 seeded: the tiny Llama ({size_gb * 1e3:.1f} MB, safetensors); WarmProfile, {nodeclass_words(p)}, "
-            f"NodePool, {'the agent DaemonSet, ' if rn else ''}publisher ServiceAccount and RBAC applied. Node A (the first node to serve) pulls the model, runs the "
+            f"NodePool, {'the agent DaemonSet, ' if rn and p.uses_daemonset else ''}publisher ServiceAccount and RBAC applied. Node A (the first node to serve) pulls the model, runs the "
             f"rendered vLLM pod {where} and its publisher sidecar publishes the compile, signed ...")
         if rn and p.serving.snapshot:
             # What the AL2023 user data installs on each node of the pool, node A's included: the runtime handler
@@ -1040,9 +1048,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     ctl_thread.start()
 
     timelines = view.timelines
-    watcher = Watcher(admin, p.readiness.taint_key, timelines)
-    watcher.start()
     deployment = demo_deployment(p, opts.engine)
+    watcher = Watcher(admin, p.readiness.taint_key, timelines, serving_selector(deployment))
+    watcher.start()
     if rn:
         tmpl = deployment["spec"]["template"]
         tmpl["spec"] = agentpod.with_env(tmpl["spec"], pod_env)
