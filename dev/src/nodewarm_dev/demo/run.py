@@ -1216,9 +1216,12 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         f = timelines[n].facts
         store = f"NVMe proof: {'instance store' if f['instance_store'] else 'a plain directory (demo, --allow-non-nvme)'}"
         if real:
-            say(f"  {n}: {f['bytes'] / 1e6:.1f} MB verified, compile cache {f['compile_cache']}; vLLM from "
-                f"{f.get('start_path')}, ready {f.get('engine_boot_s', 0):.1f}s after start (init engine "
-                f"{f.get('init_engine_s')}s), first completion "
+            # A restored engine's log has no boot lines: where it loaded from and its init are the check's.
+            came = ("restored from its engine check's snapshot" if f.get("restore_vs_boot") else
+                    f"from {f.get('start_path')}")
+            init = "" if f.get("restore_vs_boot") else f" (init engine {f.get('init_engine_s')}s)"
+            say(f"  {n}: {f['bytes'] / 1e6:.1f} MB verified, compile cache {f['compile_cache']}; vLLM {came}, ready "
+                f"{f.get('engine_boot_s', 0):.1f}s after start{init}, first completion "
                 f"{f.get('first_completion_s', 0):.2f}s ({f.get('completion')!r}); compile cache "
                 f"{'HIT' if f.get('compile_cache_hit') else 'MISS'}: publisher says {f.get('publisher_outcome')} "
                 f"({f.get('publisher_reason')}), vLLM's log says {f.get('vllm_compile')} (Inductor cache hits "
