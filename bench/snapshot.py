@@ -140,14 +140,13 @@ class Bench:
         until = time.monotonic() + 30
         while True:
             text = self.log(name)
-            handler = [ln.split("nodewarm snapshot: ", 1)[1].strip() for ln in text.splitlines()
-                       if "nodewarm snapshot: " in ln]
+            handler = snap.handler_message(text)
             if handler or time.monotonic() > until:
                 break
             time.sleep(0.5)
         ev, cc = enginenode.evidence(text), hitcheck.scan_log(text)
         return {"pod": name, "createToRunningSeconds": round(running, 2), "createToHealthSeconds": round(ready, 2),
-                "createToFirstCompletionSeconds": round(first, 2), "handler": handler[0] if handler else None,
+                "createToFirstCompletionSeconds": round(first, 2), "handler": handler,
                 "engine": {**ev.to_dict(), "compileCacheLoaded": cc.loaded, "graphsCompiled": cc.compiled},
                 "answer": answer,
                 "containerID": p.status.container_statuses[0].container_id.split("//", 1)[1]}

@@ -59,3 +59,13 @@ NOT_TAKEN = "SnapshotNotTaken"
 
 def store_dir(cache_mount: str) -> str:
     return f"{cache_mount.rstrip('/')}/{STORE_DIR}"
+
+
+# The handler's one line in the container's own log (restore.py writes it: restored and in how long, or booting
+# instead and why); the demo and the bench read it back with ``handler_message``.
+LOG_PREFIX = "nodewarm snapshot: "
+
+
+def handler_message(log_text: str) -> str | None:
+    """The handler's message in a container's log, or None when the log has none (yet)."""
+    return next((ln.split(LOG_PREFIX, 1)[1].strip() for ln in log_text.splitlines() if LOG_PREFIX in ln), None)

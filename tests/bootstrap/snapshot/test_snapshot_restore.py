@@ -49,6 +49,8 @@ def test_a_create_with_a_snapshot_is_the_checkpointed_process_going_on(runc, sto
     # Where the restore's time went, said in the pod's log and recorded: the key, the manifest, CRIU.
     assert set(done["phases"]) == {"key", "verify", "criu"} and sum(done["phases"].values()) <= done["seconds"]
     assert all(f"{k} {v:.1f}s" in log for k, v in done["phases"].items()), log
+    # The line the demo and the bench read back is the one the outcome records.
+    assert snapshot.handler_message(log) == done["message"]
     assert not list(store.root.glob(".restore-*")), "a restore that worked leaves no work directory"
 
 
@@ -62,6 +64,7 @@ def test_a_snapshot_under_another_key_is_refused_and_the_container_boots(runc, s
     assert token2 != token and n2 < 50, "a fresh process"
     assert "another key (differs in env.MODEL_GENERATION)" in log
     assert outcome(store, b.id)["reason"] == "KeyMismatch"
+    assert snapshot.handler_message(log) == outcome(store, b.id)["message"]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])

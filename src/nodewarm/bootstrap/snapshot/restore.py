@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from nodewarm.api import snapshot as contract
 from nodewarm.bootstrap.snapshot import key as snapkey
 from nodewarm.bootstrap.snapshot import devshm, nodefacts, runcargs
 from nodewarm.bootstrap.snapshot.store import SnapshotUnusable, Store, verify, write_file
@@ -114,7 +115,7 @@ class _Outcome:
                                            f"{time.monotonic() - self.started:.1f}s ({laps})")
 
     def _record(self, result: str, reason: str, message: str) -> None:
-        line = f"nodewarm snapshot: {message}"
+        line = f"{contract.LOG_PREFIX}{message}"
         try:
             print(line, file=sys.stdout, flush=True)
         except OSError:
