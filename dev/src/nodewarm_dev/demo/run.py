@@ -49,6 +49,7 @@ from typing import Callable, TextIO
 
 from nodewarm import logs, profile
 from nodewarm.api import prepullpod
+from nodewarm.api import snapshot as snapcontract
 from nodewarm.api.podlayout import cache_dirs, model_dir, model_path
 from nodewarm.api.servingspec import ServingSpec
 from nodewarm.api.timeline import Timeline
@@ -547,12 +548,6 @@ def snapshot_words(facts: dict) -> str:
     return f"{boot}; snapshot {snap['slot']} taken in {snap['seconds']:.1f}s ({snap['bytes'] / 1e9:.2f} GB)"
 
 
-def restore_line(text: str) -> str | None:
-    """The snapshot handler's line in a container's log (restored, or booting instead and why), if any."""
-    return next((ln.split("nodewarm snapshot: ", 1)[1].strip() for ln in text.splitlines()
-                 if "nodewarm snapshot: " in ln), None)
-
-
 def warm_node_real(admin, rn: realnodes.RealNodes, p: WarmProfile, node: str, view: live.LiveView,
                    log_line: Callable[[str], None] | None = None) -> dict:
     """The agent DaemonSet's pod on a real node, followed until it reports Warm: its log lines feed the live view and
@@ -647,7 +642,7 @@ def serve_warm_nodes_real(admin, rn: realnodes.RealNodes, p: WarmProfile, names:
         pulled = realnodes.pulled_events(k, NAMESPACE, pod)
         if tl.facts.get("snapshot"):
             # Restore -> first completion against the warm-cache boot the same node made in its engine check.
-            tl.facts["snapshot_restore"] = restore_line(
+            tl.facts["snapshot_restore"] = snapcontract.handler_message(
                 realnodes.container_text(rn.nodes[n], NAMESPACE, pod, vllm_engine.VLLM_CONTAINER))
             check = tl.facts.get("engine_check") or {}
             booted = (check.get("boot_s") or 0) + (check.get("first_token_s") or 0)
@@ -709,6 +704,7 @@ def serve_baseline_real(binds: BaselineBinds, admin, rn: realnodes.RealNodes, p:
                      "start_path": ev.start_path, "streamed_from_s3": ev.streamed, "vllm_compile": ev.verdict(),
                      "init_engine_s": ev.engine.init_s, "fx_cache_misses": len(ev.engine.fx_misses),
                      "peak_rss_mb": round(served.peak_rss_bytes / 1e6), "load_avg": served.load_avg,
+                     "completion": served.completion,
                      # The kubelet's word for each container: the first (the init container) pulled the image.
                      "image_pulled": realnodes.pulled_events(k, NAMESPACE, pod)})
     mean = lambda key: round(sum(r[key] for r in runs) / len(runs), 3)  # noqa: E731
@@ -1014,7 +1010,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             # What the AL2023 user data installs on each node of the pool, node A's included: the runtime handler
             # (here the product's module run from this checkout) and the seccomp profile the serving container
             # names (in the kubelet's root, which the nodes share here; removed at the end).
-            from nodewarm.api import snapshot as snapcontract
             from nodewarm_dev.testenv import snapshotnode
 
             handlers = {snapcontract.RUNTIME_HANDLER: snapshotnode.handler_script(
@@ -1220,12 +1215,15 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             came = ("restored from its engine check's snapshot" if f.get("restore_vs_boot") else
                     f"from {f.get('start_path')}")
             init = "" if f.get("restore_vs_boot") else f" (init engine {f.get('init_engine_s')}s)"
+            compiled = (f"the engine check's compile: {(f.get('engine_check') or {}).get('compile_cache')}"
+                        if f.get("restore_vs_boot") else
+                        f"vLLM's log says {f.get('vllm_compile')} (Inductor cache hits {f.get('fx_cache_hits')}, "
+                        f"misses {f.get('fx_cache_misses')})")
             say(f"  {n}: {f['bytes'] / 1e6:.1f} MB verified, compile cache {f['compile_cache']}; vLLM {came}, ready "
                 f"{f.get('engine_boot_s', 0):.1f}s after start{init}, first completion "
                 f"{f.get('first_completion_s', 0):.2f}s ({f.get('completion')!r}); compile cache "
                 f"{'HIT' if f.get('compile_cache_hit') else 'MISS'}: publisher says {f.get('publisher_outcome')} "
-                f"({f.get('publisher_reason')}), vLLM's log says {f.get('vllm_compile')} (Inductor cache hits "
-                f"{f.get('fx_cache_hits')}, misses {f.get('fx_cache_misses')}); peak RSS "
+                f"({f.get('publisher_reason')}), {compiled}; peak RSS "
                 f"{f.get('peak_rss_mb')} MB, load average {f.get('load_avg')} while it ran; {store}")
         else:
             say(f"  {n}: {f['bytes'] / 1e6:.0f} MB verified ({f['throughput_mb_s']:.0f} MB/s), compile cache "
