@@ -1,8 +1,8 @@
 """A shortened `nodewarm demo` end to end: real API server, scheduler, controller-manager (Deployments
 only), S3, bootstrap processes and controller; once with the torch.compile probe (two nodes), once with real
-vLLM serving (one node, and the baseline streaming from S3). Asserts the ordering and the evidence, never the
-timings, and that what a person reads (stdout, not a terminal here) is plain text while the JSON logs go to the
-file it names."""
+vLLM on real nodes with engine snapshots (one node, and the baseline streaming from S3). Asserts the ordering and
+the evidence, never the timings, and that what a person reads (stdout, not a terminal here) is plain text while
+the JSON logs go to the file it names."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from nodewarm.api.agentpod import NAME as AGENT
+from nodewarm.api import snapshot as snapcontract
 from nodewarm_dev.demo.run import DemoOptions, execute
 
 
@@ -72,47 +72,55 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
 @pytest.mark.kube
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_demo_with_real_vllm_serves_tokens_from_the_warm_node_and_the_baseline_streams_from_s3(tmp_path):
-    """One node (CI time): node A's vLLM compiles and its publisher publishes the seed bundle; the scale-up node's
-    agent pulls and restores it; the bound pod's rendered vLLM container serves from the node's copy and loads the
-    compiled graphs; the baseline's pod streams the model from S3 and compiles cold. vLLM's log and the publisher
-    sidecar's verdict say so, not the timings."""
+def test_demo_with_snapshots_serves_the_checks_engine_restored_and_the_baseline_boots_cold(tmp_path):
+    """`nodewarm demo --snapshots` on real nodes, one warm node (CI time): node A's vLLM compiles and its publisher
+    publishes the seed bundle; the warm node is an AL2023 node whose host agent pulls, restores that bundle, boots the
+    engine check's vLLM on it and checkpoints it; the bound pod's rendered vLLM container is restored from that
+    snapshot by the runtime handler instead of booting, and answers what the baseline's cold engine (streamed from
+    S3, compiled cold) answers. The Auto Mode flow's agent DaemonSet on a real kubelet is
+    tests/realnode/test_agent_pod.py's; the flow itself, the played demo's above. By the engine's, the handler's and the kubelet's own words, not timings."""
     out = io.StringIO()
     result = execute(DemoOptions(nodes=1, engine="vllm", workdir=tmp_path / "work", out_dir=tmp_path / "out",
-                                 real_nodes=True), out)
+                                 real_nodes=True, snapshots=True), out)
     text = out.getvalue()
     (tl,) = result.timelines
-    # Real nodes (the default where the machine can; required here): the kubelets ran the pods from the serving
-    # image, which the warm node's kubelet had pre-pulled and the baseline's pulled when its pod landed.
+    t, f = tl.times, tl.facts
     assert result.summary["real_nodes"]
-    # The agent was the rendered DaemonSet's pod on the node (Auto Mode), not a process of this machine.
-    assert tl.facts["agent_pod"].startswith(f"{AGENT}-"), tl.facts
-    warm_pulls, base_pulls = tl.facts["image_pulled"], result.summary["baseline"]["runs"][0]["image_pulled"]
+    # The agent was the host's (AL2023 user data), not a DaemonSet's pod.
+    assert "agent_pod" not in f and "the AL2023 agent (the host's" in text, f
+    # The kubelet pre-pulled the serving image for the warm node; the baseline's pulled it when its pod landed.
+    warm_pulls, base_pulls = f["image_pulled"], result.summary["baseline"]["runs"][0]["image_pulled"]
     assert warm_pulls and all("already present on machine" in m for m in warm_pulls.values()), warm_pulls
     assert any("Successfully pulled" in m for m in base_pulls.values()), base_pulls
-    t, f = tl.times, tl.facts
-    assert t["taint_lifted"] <= t["pod_bound"] <= t["engine_ready"] <= t["first_completion"], t
+    assert t["weights_done"] <= t["warm_reported"] <= t["taint_lifted"] <= t["pod_bound"] <= t["first_completion"], t
     assert tl.order_violations() == [] and result.summary["totals"]["all_bound"]
-    # The seed: node A served from its agent's copy, compiled, and its publisher published the bundle.
+    # The seed: node A booted (no snapshot yet), compiled, and its publisher published the bundle.
     seed = result.summary["seed"]
     assert seed["evidence"]["startPath"] == "local" and seed["evidence"]["fxMisses"] > 0
-    assert seed["published"]["event"] == "compilecache.publish.done" and seed["published"]["status"] == "published"
-    # The warm node: vLLM loaded the agent's copy (NVMe path of the start script) and answered a completion ...
-    assert f["start_path"] == "local" and f["completion"]
-    # ... its compile came from the restored cache, by vLLM's log and by the publisher's verdict on the Node.
-    assert f["compile_cache"] == "restored"
-    assert (f["vllm_compile"], f["fx_cache_misses"]) == ("loaded", 0) and f["fx_cache_hits"] > 0
-    assert (f["publisher_outcome"], f["compile_cache_hit"]) == ("hit", True)
-    # The baseline: the same rendered container on a node no agent warmed streamed from S3 and compiled cold.
-    base = result.summary["baseline"]
-    (run,) = base["runs"]
+    assert seed["published"]["status"] == "published"
+    # The warm node: its agent restored node A's compile cache; the engine check booted vLLM on it (a hit) and
+    # answered, and the agent checkpointed that engine before reporting Warm.
+    check, snap = f["engine_check"], f["snapshot"]
+    assert f["compile_cache"] == "restored" and check["state"] == "passed" and check["compile_cache"] == "hit", check
+    assert snap["taken"] and snap["reason"] == snapcontract.TAKEN and snap["bytes"] > 0, snap
+    # The serving pod's container came from that snapshot, by the handler's line in its own log, not a boot ...
+    assert f["snapshot_restore"].startswith(f"restored from the snapshot {snap['slot']} in "), f["snapshot_restore"]
+    assert f["start_path"] is None and f["init_engine_s"] is None, "a restored engine's log has no boot lines"
+    # ... and answers what a cold engine answers (greedy, same prompt): the baseline's, streamed from S3 and compiled.
+    (run,) = result.summary["baseline"]["runs"]
     assert (run["start_path"], run["streamed_from_s3"], run["vllm_compile"]) == ("s3", True, "compiled")
-    assert base["registered_to_serving_s"] > base["engine_boot_s"] > 0
+    assert f["completion"] and f["completion"] == run["completion"], (f["completion"], run["completion"])
+    # Its publisher sidecar found the compile cache it expected on the node.
+    assert (f["publisher_outcome"], f["compile_cache_hit"]) == ("hit", True)
+    r = f["restore_vs_boot"]
+    assert r["restored_s"] > 0 and r["booted_s"] >= check["boot_s"] > 0, r
+    base = result.summary["baseline"]
     assert f"registration to first completion answered: {base['ratio']:.2f}" in text
-    # vLLM's own init-engine figures of both sides are printed beside the ratio.
-    assert f"ratio {base['init_engine_ratio']:.2f}" in text
+    assert (f"{tl.node}, engine snapshot: the check's vLLM booted in {check['boot_s']:.1f}s; "
+            f"snapshot {snap['slot']} taken") in text
+    assert f"against the check's boot to its first token {r['booted_s']:.1f}s" in text
+    assert "vLLM restored from its engine check's snapshot" in text and "vLLM from None" not in text
     assert "Ordering: OK" in text and "\x1b" not in text
     doc = json.loads((tmp_path / "out" / "timeline.json").read_text())
-    assert {"engine_ready", "first_completion"} <= set(doc["nodes"]["demo-node-0"]["seconds"])
-    assert doc["baseline"]["init_engine_ratio"] == base["init_engine_ratio"]
+    assert doc["nodes"][tl.node]["facts"]["restore_vs_boot"] == r
     assert (tmp_path / "out" / "timeline.png").exists()

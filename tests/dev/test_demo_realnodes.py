@@ -61,3 +61,45 @@ def test_the_kubelets_pulls_are_said_once():
                                       "spec.containers{vllm}": present}])
     assert said == "Successfully pulled image \"r/v:1\" in 1m2.9s (then 'already present' for the other 1)"
     assert realnodes.pulls_in_words([]) == "none"
+
+
+def test_with_snapshots_the_warm_nodes_are_al2023_with_the_snapshot_runtime_and_the_baseline_has_none():
+    """--snapshots: the only node kind whose user data installs the runtime handler; the engine check boots the
+    engine that serves; the baseline's Deployment is the same container on the stock runtime."""
+    from nodewarm import instancetypes
+    from nodewarm.api import snapshot as contract
+    from nodewarm.nodeclasses.render import render
+    from nodewarm_dev.demo.run import baseline_objects, demo_profile, serving_selector
+
+    p = demo_profile(0.005, "A" * 43 + "=", 1, "vllm", 8000, ("127.0.0.1:5000/nodewarm:1", "127.0.0.1:5000/vllm:2"),
+                     snapshots=True)
+    assert p.serving.snapshot and p.readiness.engine_check.enabled and not p.uses_daemonset
+    docs = render(p, instancetypes.lookup(list(p.nodes.instance_types))).documents
+    kinds = [d["kind"] for d in docs]
+    assert "EC2NodeClass" in kinds and "RuntimeClass" in kinds and "PodTemplate" in kinds
+    assert not [d for d in docs if d["kind"] == "DaemonSet" and "prepull" not in d["metadata"]["name"]]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["runtimeClassName"] == contract.RUNTIME_CLASS
+    (pool,) = [d for d in docs if d["kind"] == "NodePool"]
+    _, base = baseline_objects(p, pool, "vllm")
+    assert "runtimeClassName" not in base["spec"]["template"]["spec"]
+    # The demo follows the serving pods by their Deployment's selector: never the engine check's pod, which binds
+    # to the node while the taint is on.
+    (tmpl,) = [d for d in docs if d["kind"] == "PodTemplate"]
+    selector = dict(x.split("=") for x in serving_selector(deployment).split(","))
+    check_labels = tmpl["template"]["metadata"].get("labels") or {}
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector.items() <= check_labels.items(), (selector, check_labels)
+
+
+@pytest.mark.parametrize("argv", [["--snapshots", "--engine", "probe"], ["--snapshots", "--nodes-as", "played"],
+                                  ["--snapshots", "--models", "2"]])
+def test_snapshots_where_they_cannot_run_is_refused_naming_what_to_use(argv):
+    import argparse
+
+    from nodewarm_dev.demo import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    with pytest.raises(SystemExit, match="--snapshots: .* --engine vllm, --nodes-as auto or real, and --models 1"):
+        cli.run(parser.parse_args(["demo", *argv]))
