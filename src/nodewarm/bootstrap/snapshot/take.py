@@ -24,6 +24,7 @@ from pathlib import Path
 from nodewarm import logs
 from nodewarm.api import enginecheck
 from nodewarm.api import snapshot as contract
+from nodewarm.bootstrap.enginecheck.request import answering
 
 log = logs.get("bootstrap.snapshot")
 
@@ -85,8 +86,6 @@ def check_pod(api_client, node_name: str, namespace: str, profile: str, request_
     pods = kc.CoreV1Api(api_client).list_namespaced_pod(
         namespace, field_selector=f"spec.nodeName={node_name}", label_selector=enginecheck.label_selector(profile),
         _preload_content=False)
-    from ..enginecheck.request import answering
-
     return answering(json.loads(pods.data).get("items") or (), request_id)
 
 
