@@ -182,7 +182,7 @@ def _cache(run: dict) -> str:
 def _restore_seconds(handler_line: str | None) -> tuple[float | None, dict[str, float]]:
     """The handler's own time and where it went, from its line "restored from the snapshot SLOT in N.Ns (key
     N.Ns, verify N.Ns, criu N.Ns)"."""
-    m = re.match(r"restored from the snapshot \S+ in ([0-9.]+)s(?: \((.*)\))?", handler_line or "")
+    m = re.match(re.escape(snap.RESTORED_PREFIX) + r"\S+ in ([0-9.]+)s(?: \((.*)\))?", handler_line or "")
     if not m:
         return None, {}
     laps = dict(re.findall(r"(\w+) ([0-9.]+)s", m.group(2) or ""))
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             rest = bench.serve(f"restore-{r}", rid)
             bench.delete(f"restore-{r}")
             live.remove(f"restore-{r}")
-            if not (rest["handler"] or "").startswith("restored from the snapshot"):
+            if not snap.restored(rest["handler"]):
                 raise RuntimeError(f"restore-{r} was not restored: the handler said {rest['handler']!r}")
             handler_s, phases = _restore_seconds(rest["handler"])
             row = {"round": r, "boot": boot,

@@ -64,8 +64,15 @@ def store_dir(cache_mount: str) -> str:
 # The handler's one line in the container's own log (restore.py writes it: restored and in how long, or booting
 # instead and why); the demo and the bench read it back with ``handler_message``.
 LOG_PREFIX = "nodewarm snapshot: "
+# How that message starts when the container runs from its snapshot (any other message: it booted, and why).
+RESTORED_PREFIX = "restored from the snapshot "
 
 
 def handler_message(log_text: str) -> str | None:
     """The handler's message in a container's log, or None when the log has none (yet)."""
     return next((ln.split(LOG_PREFIX, 1)[1].strip() for ln in log_text.splitlines() if LOG_PREFIX in ln), None)
+
+
+def restored(message: str | None) -> bool:
+    """Whether the handler's message says the container runs from its snapshot."""
+    return bool(message) and message.startswith(RESTORED_PREFIX)

@@ -111,7 +111,7 @@ class _Outcome:
 
     def restored(self, slot: str) -> None:
         laps = ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items())
-        self._record(RESTORED, "Restored", f"restored from the snapshot {slot} in "
+        self._record(RESTORED, "Restored", f"{contract.RESTORED_PREFIX}{slot} in "
                                            f"{time.monotonic() - self.started:.1f}s ({laps})")
 
     def _record(self, result: str, reason: str, message: str) -> None:
