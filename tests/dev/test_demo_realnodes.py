@@ -103,3 +103,15 @@ def test_snapshots_where_they_cannot_run_is_refused_naming_what_to_use(argv):
     cli.register(parser.add_subparsers())
     with pytest.raises(SystemExit, match="--snapshots: .* --engine vllm, --nodes-as auto or real, and --models 1"):
         cli.run(parser.parse_args(["demo", *argv]))
+
+
+def test_only_a_container_the_handler_restored_is_timed_as_a_restore():
+    from nodewarm.api import snapshot as contract
+    from nodewarm_dev.demo.run import restore_vs_boot
+
+    check = {"boot_s": 36.0, "first_token_s": 0.25}
+    restored = f"{contract.RESTORED_PREFIX}vllm-57abaebd37a3 in 2.0s (key 0.0s, verify 0.5s, criu 1.5s)"
+    assert restore_vs_boot(check, restored, 4.5) == {"restored_s": 4.5, "booted_s": 36.25, "ratio": 0.124}
+    # A snapshot taken, then a container that booted instead (its line says why), or no line at all: no restore.
+    assert restore_vs_boot(check, "booting instead: another key (differs in env.MODEL_GENERATION)", 40.0) is None
+    assert restore_vs_boot(check, None, 40.0) is None

@@ -539,6 +539,16 @@ def nodeclass_words(p: WarmProfile) -> str:
     return "EC2NodeClass (RAID0 + bootstrap user data)"
 
 
+def restore_vs_boot(check: dict, handler_line: str | None, restored_s: float) -> dict | None:
+    """A restored pod's start to its first completion against the warm-cache boot the same node made in its engine
+    check; None when the handler's line says the container booted (a snapshot taken is not a restore)."""
+    if not snapcontract.restored(handler_line):
+        return None
+    booted = (check.get("boot_s") or 0) + (check.get("first_token_s") or 0)
+    return {"restored_s": round(restored_s, 3), "booted_s": round(booted, 3),
+            "ratio": round(restored_s / booted, 3) if booted else None}
+
+
 def snapshot_words(facts: dict) -> str:
     """What the agent said of the engine check and its snapshot, in one phrase."""
     check, snap = facts.get("engine_check") or {}, facts.get("snapshot") or {}
@@ -641,14 +651,12 @@ def serve_warm_nodes_real(admin, rn: realnodes.RealNodes, p: WarmProfile, names:
         # The kubelet's word for each of the pod's containers: the image was already there (the pre-pull).
         pulled = realnodes.pulled_events(k, NAMESPACE, pod)
         if tl.facts.get("snapshot"):
-            # Restore -> first completion against the warm-cache boot the same node made in its engine check.
-            tl.facts["snapshot_restore"] = snapcontract.handler_message(
+            line = snapcontract.handler_message(
                 realnodes.container_text(rn.nodes[n], NAMESPACE, pod, vllm_engine.VLLM_CONTAINER))
-            check = tl.facts.get("engine_check") or {}
-            booted = (check.get("boot_s") or 0) + (check.get("first_token_s") or 0)
-            restored = served.boot_s + served.first_completion_s
-            tl.facts["restore_vs_boot"] = {"restored_s": round(restored, 3), "booted_s": round(booted, 3),
-                                           "ratio": round(restored / booted, 3) if booted else None}
+            tl.facts["snapshot_restore"] = line
+            vs = restore_vs_boot(tl.facts.get("engine_check") or {}, line, served.boot_s + served.first_completion_s)
+            if vs:
+                tl.facts["restore_vs_boot"] = vs
         tl.facts.update(engine_boot_s=round(served.boot_s, 3), first_completion_s=round(served.first_completion_s, 3),
                         engine_waited_s=round(served.started - tl.times[DemoPhase.POD_BOUND], 3),
                         start_path=ev.start_path, vllm_compile=ev.verdict(), init_engine_s=ev.engine.init_s,
@@ -1237,6 +1245,9 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
                 f"{f.get('snapshot_restore')!r}; its start to the first completion {r['restored_s']:.1f}s against "
                 f"the check's boot to its first token {r['booted_s']:.1f}s (warm compile cache)"
                 + (f": ratio {r['ratio']:.2f}" if r["ratio"] is not None else ""))
+        elif f.get("snapshot_restore"):
+            say(f"  {n}, engine snapshot: {snapshot_words(f)}; the serving pod's container was not restored: "
+                f"{f['snapshot_restore']!r}")
     if base and real:
         runs = base["runs"]
         say(f"\nNo-warm baseline, measured in this run: {base['pods']} node(s) without the startup taint, registered the "
