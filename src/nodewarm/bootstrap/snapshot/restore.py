@@ -99,11 +99,16 @@ class _Outcome:
         self.store, self.container_id, self.pod, self.container, self.started = (
             store, container_id, pod, container, started)
         self.phases: dict[str, float] = {}      # where a restore's time went: the key, the manifest, CRIU
-        self._lap = started
+        self._lap_ms = 0
+
+    def _elapsed_ms(self) -> int:
+        return round((time.monotonic() - self.started) * 1000)
 
     def lap(self, phase: str) -> None:
-        now = time.monotonic()
-        self.phases[phase], self._lap = round(now - self._lap, 3), now
+        # Laps are cut on whole milliseconds since the start, so they add up to no more than the recorded total;
+        # rounding each lap on its own could overshoot it.
+        at = self._elapsed_ms()
+        self.phases[phase], self._lap_ms = (at - self._lap_ms) / 1000, at
 
     def booted(self, reason: str, message: str) -> bool:
         self._record(BOOTED, reason, f"booting instead: {message}")
@@ -122,7 +127,7 @@ class _Outcome:
             pass
         doc = {"result": result, "reason": reason, "message": message, "pod": self.pod,
                "container": self.container, "containerID": self.container_id,
-               "seconds": round(time.monotonic() - self.started, 3), "phases": self.phases, "at": time.time()}
+               "seconds": self._elapsed_ms() / 1000, "phases": self.phases, "at": time.time()}
         try:
             self.store.record_outcome(self.container_id, doc)
         except (OSError, ValueError):
