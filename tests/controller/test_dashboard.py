@@ -18,7 +18,6 @@ import re
 import threading
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest

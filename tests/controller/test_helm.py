@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml

@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 from support.controller_fixtures import (
     TAINT, cleanup_condition, condition, events_for, installed, running, taint_keys, wait_for, wait_reason,
 )
-from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, NODES, WARMPROFILES
+from nodewarm.controller.kube import NODECLAIMS, NODEPOOLS, WARMPROFILES
 from nodewarm.karpenter import drift
 from nodewarm.nodeclasses.render import warmprofile_document
 from nodewarm_dev.testenv.karpenter import KarpenterSim
