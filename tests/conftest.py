@@ -153,12 +153,9 @@ def scheduling(kube):
 def controller_as_sa(kube, k):
     """The nodewarm controller running in this process as its own ServiceAccount, with exactly the RBAC it ships
     (controller/manifests.py), as an install puts it in place; stopped afterwards."""
-    from nodewarm.controller import manifests
     from support.controller_fixtures import running, uniq
-    from support.rbac import apply_replacing
 
     ns = uniq("nodewarm")
-    apply_replacing(k, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
-    api = kube.api_client(kube.service_account_token(ns, manifests.NAME))
+    api = kube.api_client(kube.controller_token(ns))
     with running(api) as c:
         yield c

@@ -12,7 +12,7 @@ from nodewarm.controller.kube import (
 )
 from nodewarm_dev.testenv.karpenter import KarpenterSim
 
-from support.rbac import KINDS, apply_replacing
+from support.rbac import KINDS
 from support.controller_fixtures import TAINT, events_for, installed, running, taint_keys, uniq, wait_for
 
 pytestmark = pytest.mark.kube
@@ -42,8 +42,7 @@ def test_controller_runs_as_its_service_account_and_is_refused_everything_else(k
     admin = kube.api_client()
     ak = Kube(admin)
     ns = uniq("nodewarm")
-    apply_replacing(ak, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
-    sa_client = kube.api_client(kube.service_account_token(ns, manifests.NAME))
+    sa_client = kube.api_client(kube.controller_token(ns))
     sa = Kube(sa_client)
     sim = KarpenterSim(admin)
 

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from nodewarm.api import snapshot as snapcontract
+from nodewarm.api.names import CONTROLLER_NAME, CONTROLLER_NAMESPACE
 from nodewarm_dev.demo.run import DemoOptions, execute
 
 
@@ -37,6 +38,8 @@ def test_short_demo_orders_phases_and_binds_only_warm_nodes(tmp_path):
     assert result.summary["totals"]["all_bound"]
     assert (tmp_path / "out" / "timeline.json").exists() and (tmp_path / "out" / "timeline.png").exists()
     assert "Ordering: OK" in text and "No-warm baseline" in text
+    # The controller ran as its pod would: its ServiceAccount under the RBAC it ships, not as admin.
+    assert f"4. controller running as system:serviceaccount:{CONTROLLER_NAMESPACE}:{CONTROLLER_NAME};" in text
     # The baseline went through the same scheduler: its pods were bound by it, after their nodes registered.
     base = result.summary["baseline"]
     assert base["scheduler_wait_s"] > 0 and base["registered_to_serving_s"] > base["scheduler_wait_s"]
@@ -88,6 +91,8 @@ def test_demo_with_snapshots_serves_the_checks_engine_restored_and_the_baseline_
     assert result.summary["real_nodes"]
     # The agent was the host's (AL2023 user data), not a DaemonSet's pod.
     assert "agent_pod" not in f and "the AL2023 agent (the host's" in text, f
+    # The controller that created the check pod and lifted the taint ran as its ServiceAccount, not as admin.
+    assert f"4. controller running as system:serviceaccount:{CONTROLLER_NAMESPACE}:{CONTROLLER_NAME};" in text
     # The kubelet pre-pulled the serving image for the warm node; the baseline's pulled it when its pod landed.
     warm_pulls, base_pulls = f["image_pulled"], result.summary["baseline"]["runs"][0]["image_pulled"]
     assert warm_pulls and all("already present on machine" in m for m in warm_pulls.values()), warm_pulls

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from nodewarm.api import models
-from nodewarm.api.names import GENERATION_LABEL, MODEL_LABEL_PREFIX, MODELS_ANNOTATION
+from nodewarm.api.names import (CONTROLLER_NAME, CONTROLLER_NAMESPACE, GENERATION_LABEL, MODEL_LABEL_PREFIX,
+                                 MODELS_ANNOTATION)
 from nodewarm_dev.demo import models as demo_models
 from nodewarm_dev.demo.run import MODEL_BUCKET, NAMESPACE, DemoOptions
 
@@ -43,6 +44,8 @@ def test_two_models_are_labelled_placed_by_their_labels_and_a_roll_links_all_but
     second_key = f"{MODEL_LABEL_PREFIX}{second}"
 
     assert summary["ok"] and len(nodes) == 2
+    # The controller that labelled them ran as its ServiceAccount under the RBAC it ships, not as admin.
+    assert f"controller running as system:serviceaccount:{CONTROLLER_NAMESPACE}:{CONTROLLER_NAME};" in text
     # Each node is labelled for both models, and its agent reports both warm with those generations.
     for node in nodes.values():
         labels, report = node.metadata.labels, models.decode(node.metadata.annotations[MODELS_ANNOTATION])

@@ -15,7 +15,6 @@ import pytest
 from nodewarm.api import enginecheck as contract
 from nodewarm.api.decisions import EventReason
 from nodewarm.bootstrap.nodestatus import report_warm
-from nodewarm.controller import manifests
 from nodewarm.controller.kube import NODES, PODS, PODTEMPLATES, Kube
 from nodewarm.nodeclasses import enginecheck
 from support.controller_fixtures import TAINT, events_for, installed, running, taint_keys, uniq, wait_for
@@ -61,8 +60,7 @@ def checked(kube, k):
 def controller_sa(kube, k):
     """The controller's shipped RBAC in its own namespace, and a client with a token minted for its ServiceAccount."""
     ns = uniq("nodewarm")
-    apply_replacing(k, [namespace(ns), *manifests.rbac(ns)])
-    return ns, kube.api_client(kube.service_account_token(ns, manifests.NAME))
+    return ns, kube.api_client(kube.controller_token(ns))
 
 
 def test_the_controller_creates_replaces_and_deletes_the_check_pod(kube, k, fresh_node, controller_sa, checked):

@@ -16,7 +16,6 @@ from nodewarm.api.models import HeldModel
 from nodewarm.api.names import MODEL_LABEL_PREFIX, MODELS_ANNOTATION, PROFILE_LABEL
 from nodewarm.api.views import ClaimView, NodeView
 from nodewarm.bootstrap.nodestatus import report_progress, report_warm
-from nodewarm.controller import manifests
 from nodewarm.controller.kube import NODES, WARMPROFILES, Kube
 from nodewarm.controller.modellabels import plan as ml
 from nodewarm.controller.nodeclaim import plan as planner
@@ -28,7 +27,6 @@ from support.controller_fixtures import client_for, events_for, installed, runni
 from support.jsonpatch import apply_json_patch
 from support.kubefaults import KubeFaults
 from support.modelviews import model_labels
-from support.rbac import apply_replacing
 
 T0 = 1_800_000_000.0
 MODELS = [{"name": "small", "uri": "s3://models-bucket/small/", "sizeGB": 10},
@@ -142,8 +140,7 @@ def as_controller(kube):
     """The controller's ServiceAccount with exactly the RBAC it ships. Yields (admin Kube, the SA's token)."""
     ak = Kube(kube.api_client())
     ctl = uniq("nodewarm")
-    apply_replacing(ak, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ctl}}, *manifests.rbac(ctl)])
-    yield ak, kube.service_account_token(ctl, manifests.NAME)
+    yield ak, kube.controller_token(ctl)
 
 
 def _fresh(k: Kube, name: str, labels: dict) -> None:

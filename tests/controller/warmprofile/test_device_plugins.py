@@ -12,7 +12,6 @@ import yaml
 
 from nodewarm import profile
 from nodewarm.cli import main
-from nodewarm.controller import manifests
 from nodewarm.controller.kube import DAEMONSETS, WARMPROFILES, Kube, Resource
 from nodewarm.controller.warmprofile import deviceplugins as dp
 from support.builders import v
@@ -125,15 +124,12 @@ def test_render_prints_a_json_patch_that_appends_the_toleration(tmp_path, capsys
 # -- the controller, as its ServiceAccount, on the real API server ----------------------------------------------
 @pytest.mark.kube
 def test_controller_reports_a_plugin_missing_the_toleration_and_the_rendered_patch_fixes_it(kube, tmp_path, capsys):
-    from support.rbac import apply_replacing
-
     from support.controller_fixtures import events_for, installed, running, uniq, wait_for
 
     admin = kube.api_client()
     ak = Kube(admin)
     ns = uniq("nodewarm")
-    apply_replacing(ak, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
-    sa_client = kube.api_client(kube.service_account_token(ns, manifests.NAME))
+    sa_client = kube.api_client(kube.controller_token(ns))
     plugin_ns = uniq("gpu")
     ak.create(Resource("", "v1", "namespaces", "Namespace"), {"metadata": {"name": plugin_ns}})
     name = "nvidia-device-plugin-daemonset"
@@ -180,14 +176,10 @@ def test_controller_reports_a_plugin_missing_the_toleration_and_the_rendered_pat
 def test_the_service_account_may_read_daemonsets_and_change_none(kube):
     from kubernetes.client.exceptions import ApiException
 
-    from support.rbac import apply_replacing
-
     from support.controller_fixtures import uniq
 
-    ak = Kube(kube.api_client())
     ns = uniq("nodewarm")
-    apply_replacing(ak, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *manifests.rbac(ns)])
-    sa = Kube(kube.api_client(kube.service_account_token(ns, manifests.NAME)))
+    sa = Kube(kube.api_client(kube.controller_token(ns)))
     assert "items" in sa.list(DAEMONSETS)
     ds_res = Resource("apps", "v1", "daemonsets", "DaemonSet", namespaced=True)
     with pytest.raises(ApiException) as e:

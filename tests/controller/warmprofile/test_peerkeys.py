@@ -177,8 +177,9 @@ def as_controller(kube):
     ak = Kube(kube.api_client())
     ctl, boot = uniq("nodewarm"), uniq("boot")
     ns = lambda n: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}  # noqa: E731
-    apply_replacing(ak, [ns(ctl), ns(boot), *manifests.rbac(ctl), *peeraccess.controller_rbac(boot, ctl)])
-    yield ak, kube.api_client(kube.service_account_token(ctl, manifests.NAME)), boot
+    token = kube.controller_token(ctl)
+    apply_replacing(ak, [ns(boot), *peeraccess.controller_rbac(boot, ctl)])
+    yield ak, kube.api_client(token), boot
 
 
 @pytest.mark.kube

@@ -377,8 +377,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     from kubernetes import client
 
     from nodewarm.bootstrap.compilecache import signing
-    from nodewarm.controller.manager import Controller
-    from nodewarm.controller.options import ControllerOptions
     from nodewarm_dev.testenv.karpenter import KarpenterSim
     from nodewarm_dev.testenv.ports import free_port
 
@@ -410,9 +408,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         f"serves (spec.weights.background: {asdict(bg)}), and its pods require {models.label_key(views[1])}")
 
     stop = threading.Event()
-    ctl = Controller(admin, ControllerOptions(metrics_port=0, health_port=0, bind_address="127.0.0.1", workers=4))
-    ctl_thread = threading.Thread(target=ctl.run_until, args=(stop,), daemon=True)
-    ctl_thread.start()
+    ctl_thread, ctl_user = run.start_controller(srv, stop)
     sim = KarpenterSim(admin, default_instance_type=INSTANCE_TYPE)
     roots = {n: storage / n for n in names}
     claims = {}
@@ -428,8 +424,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             run.node_mount(p, roots[n]).mkdir(parents=True, exist_ok=True)
             sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
             agents[n] = start_agent(srv, p, n, run.node_mount(p, roots[n]), stop)
-        say(f"4. controller running; {opts.nodes} {INSTANCE_TYPE} node(s) launched and registered (startup taint), "
-            "a node agent following the profile on each (its kubelet identity). Per node, seconds since it "
+        say(f"4. controller running as {ctl_user}; {opts.nodes} {INSTANCE_TYPE} node(s) launched and registered "
+            "(startup taint), a node agent following the profile on each (its kubelet identity). Per node, seconds since it "
             "registered:")
 
         def sync() -> None:

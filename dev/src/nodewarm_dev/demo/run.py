@@ -968,6 +968,22 @@ def serve_baseline(binds: BaselineBinds, admin, serving: Serving, p: WarmProfile
             "runs": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in runs]}
 
 
+def start_controller(srv: servers.Servers, stop: threading.Event) -> tuple[threading.Thread, str]:
+    """The controller, in this process, with the identity its pod has: its ServiceAccount's minted token under its
+    rendered RBAC, in the namespace the profile's render binds its Roles to. Not as admin, so a write its RBAC does
+    not allow fails here as it would in a cluster. Returns its thread and the user the API server takes it for."""
+    from nodewarm.api.names import CONTROLLER_NAMESPACE
+    from nodewarm.controller.manager import Controller
+    from nodewarm.controller.options import ControllerOptions
+
+    token = srv.kube.controller_token(CONTROLLER_NAMESPACE)
+    ctl = Controller(srv.kube.api_client(token),
+                     ControllerOptions(metrics_port=0, health_port=0, bind_address="127.0.0.1", workers=4))
+    thread = threading.Thread(target=ctl.run_until, args=(stop,), daemon=True)
+    thread.start()
+    return thread, srv.kube.username(token)
+
+
 def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: Path, storage: Path,
          files: list[Path], view: live.LiveView, log_line: Callable[[str], None], cleanup: contextlib.ExitStack,
          rn: realnodes.RealNodes | None = None) -> DemoResult:
@@ -975,8 +991,6 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
 
     from nodewarm import instancetypes
     from nodewarm.bootstrap.compilecache import signing
-    from nodewarm.controller.manager import Controller
-    from nodewarm.controller.options import ControllerOptions
     from nodewarm_dev.testenv.karpenter import KarpenterSim
     from nodewarm_dev.testenv.ports import free_port
 
@@ -1046,9 +1060,7 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
     say(f"3. WarmProfile, {nodeclass_words(p)}, NodePool (startup taint) applied")
 
     stop = threading.Event()
-    ctl = Controller(admin, ControllerOptions(metrics_port=0, health_port=0, bind_address="127.0.0.1", workers=4))
-    ctl_thread = threading.Thread(target=ctl.run_until, args=(stop,), daemon=True)
-    ctl_thread.start()
+    ctl_thread, ctl_user = start_controller(srv, stop)
 
     timelines = view.timelines
     deployment = demo_deployment(p, opts.engine)
@@ -1058,8 +1070,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
         tmpl = deployment["spec"]["template"]
         tmpl["spec"] = agentpod.with_env(tmpl["spec"], pod_env)
     apply(admin, [deployment])
-    say(f"4. controller running; vLLM {'Deployment' if real else 'stand-in Deployment'} ({opts.nodes} replicas) "
-        "applied: pending, no node yet")
+    say(f"4. controller running as {ctl_user}; vLLM {'Deployment' if real else 'stand-in Deployment'} "
+        f"({opts.nodes} replicas) applied: pending, no node yet")
 
     sim = KarpenterSim(admin, default_instance_type="g6e.xlarge")
     roots = {n: storage / n for n in names}

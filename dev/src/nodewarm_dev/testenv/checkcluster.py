@@ -62,22 +62,20 @@ class CheckCluster:
     def start(cls, kube, k, doc: dict, s3_env: dict[str, str], tmp: Path):
         """The profile ``doc`` installed as a user would have it (WarmProfile, NodePool, NodeClass, what `nodewarm
         render` prints for the check) and the controller running as its ServiceAccount."""
-        from nodewarm.controller import manifests
         from nodewarm.controller.manager import Controller
         from nodewarm.controller.options import ControllerOptions
         from nodewarm.nodeclasses import ec2nodeclass, nodepool, render
 
         p = profile.from_dict(doc)
         ctrl_ns = f"nodewarm-{uuid.uuid4().hex[:6]}"
-        apply(k.api, [_ns(ctrl_ns), _ns(p.serving.namespace), *manifests.rbac(ctrl_ns)])
-        apply(k.api, [ec2nodeclass.render(p, render.node_user_data(p, None)[0]), nodepool.render(p),
+        api = kube.api_client(kube.controller_token(ctrl_ns))
+        apply(k.api, [_ns(p.serving.namespace), ec2nodeclass.render(p, render.node_user_data(p, None)[0]), nodepool.render(p),
                       render.warmprofile_document(p)])
         cluster = cls(kube, k, ctrl_ns, s3_env, tmp)
         cluster.apply_profile(doc)
-        token = kube.service_account_token(ctrl_ns, manifests.NAME)
         opts = ControllerOptions(watch_timeout_s=20, workers=2, retry_period_s=0.3, lease_duration_s=2,
                                  renew_deadline_s=1.5)
-        c = Controller(kube.api_client(token), opts).start()
+        c = Controller(api, opts).start()
         try:
             if not c.wait_synced(30):
                 raise RuntimeError("the controller's caches did not sync")

@@ -100,6 +100,27 @@ class KubeCluster:
             audiences=["https://kubernetes.default.svc"], expiration_seconds=seconds))
         return api.create_namespaced_service_account_token(name, namespace, req).status.token
 
+    def controller_token(self, namespace: str) -> str:
+        """A token for the controller's ServiceAccount, with its Namespace and its rendered RBAC applied first: the
+        identity the controller's pod has. What it may do is what that RBAC (with the Roles a profile's render binds
+        to it) says, not what an admin may."""
+        from nodewarm.controller import manifests
+        from nodewarm.kubeapply import apply
+
+        apply(self.api_client(), [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                                  *manifests.rbac(namespace)])
+        return self.service_account_token(namespace, manifests.NAME)
+
+    def username(self, token: str) -> str:
+        """Who the API server says ``token`` is (a TokenReview, as admin)."""
+        from kubernetes import client
+
+        review = client.AuthenticationV1Api(self.api_client()).create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token)))
+        if not review.status.authenticated:
+            raise RuntimeError(f"the API server does not accept this token: {review.status.error}")
+        return review.status.user.username
+
     # -- setup -----------------------------------------------------------------------------------
     def apply_crds(self, docs: list[dict], timeout_s: float = 30) -> None:
         """Create (or replace) CRDs and wait until each is Established."""
