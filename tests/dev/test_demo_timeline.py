@@ -200,6 +200,26 @@ def test_live_view_redraws_in_place_on_a_terminal_and_prints_plain_lines_elsewhe
             assert len([x for x in lines if "pull weights" in x]) == 1
 
 
+
+def test_a_plain_line_is_timed_when_the_node_reached_its_phase_not_when_it_was_printed():
+    """A real node's engine moments are marked after the fact (from its pod's log); the line printed then must not
+    say the later moment, or it reads as later than the serving line that follows it."""
+    out, clock = io.StringIO(), [130.0]
+    tl = {"a": NodeTimeline("a")}
+    tl["a"].mark("registered", 100.0)
+    view = live.LiveView(out, tl, clock=lambda: clock[0])
+    view.start()
+    for key, at in (("pod_bound", 104.0), ("engine_ready", 110.0), ("first_completion", 112.0)):
+        tl["a"].mark(key, at)
+    view.refresh()
+    view.served("a", 0.2, True)
+    view.refresh()
+    view.close()
+    lines = out.getvalue().splitlines()
+    assert "   a: vLLM ready, first completion (10.0s since registered)" in lines, lines
+    assert "   a: serving (cache hit) (12.0s since registered)" in lines, lines
+
+
 def test_log_routing_sends_json_to_a_file_and_restores_stderr(tmp_path, capsys):
     path = tmp_path / "logs" / "demo.jsonl"
     nodewarm_logger = logging.getLogger("nodewarm")

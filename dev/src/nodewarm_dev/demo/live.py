@@ -41,21 +41,27 @@ class NodeState:
     failed: str | None = None
 
 
+_STEPS = ((DemoPhase.ENGINE_READY, "vLLM ready, first completion"),
+          (DemoPhase.POD_BOUND, "pod bound, serving starts"),
+          (DemoPhase.TAINT_LIFTED, "taint lifted, wait for scheduler"),
+          (Timeline.WARM_REPORTED, "Warm reported, lift taint"),
+          (Timeline.WEIGHTS_DONE, "weights verified, report Warm"),
+          (Timeline.WEIGHTS_STARTED, "pull weights"), (Timeline.AGENT_STARTED, "agent starting"),
+          (DemoPhase.REGISTERED, "registered, tainted"), (DemoPhase.LAUNCHED, "launched"))
+
+
+def _latest_step(s: NodeState) -> tuple[str, str | None]:
+    """The latest step the node reached, in words, and its timeline key (None: failed, serving or pending)."""
+    if s.failed:
+        return f"failed: {s.failed}", None
+    if s.first_call_s is not None:
+        return "serving" + (" (cache hit)" if s.cache_hit else " (cache miss)" if s.cache_hit is False else ""), None
+    return next(((words, key) for key, words in _STEPS if key in s.times), ("pending", None))
+
+
 def phase(s: NodeState) -> str:
     """Where the node is, in words: the latest step it reached."""
-    t = s.times
-    if s.failed:
-        return f"failed: {s.failed}"
-    if s.first_call_s is not None:
-        return "serving" + (" (cache hit)" if s.cache_hit else " (cache miss)" if s.cache_hit is False else "")
-    steps = ((DemoPhase.ENGINE_READY, "vLLM ready, first completion"),
-             (DemoPhase.POD_BOUND, "pod bound, serving starts"),
-             (DemoPhase.TAINT_LIFTED, "taint lifted, wait for scheduler"),
-             (Timeline.WARM_REPORTED, "Warm reported, lift taint"),
-             (Timeline.WEIGHTS_DONE, "weights verified, report Warm"),
-             (Timeline.WEIGHTS_STARTED, "pull weights"), (Timeline.AGENT_STARTED, "agent starting"),
-             (DemoPhase.REGISTERED, "registered, tainted"), (DemoPhase.LAUNCHED, "launched"))
-    return next((words for key, words in steps if key in t), "pending")
+    return _latest_step(s)[0]
 
 
 def bar(done: int, total: int | None, width: int = BAR_WIDTH) -> str:
@@ -92,13 +98,15 @@ def render_rows(states: list[NodeState], now: float, width: int | None = None) -
 
 
 def summary_line(s: NodeState, now: float) -> str:
-    """The plain line printed when a node's phase changes (no terminal)."""
-    facts = [phase(s)]
+    """The plain line printed when a node's phase changes (no terminal), timed at the moment the node reached that
+    phase: a real node's engine moments are placed after the fact, from its pod, and the line comes later."""
+    words, key = _latest_step(s)
+    facts = [words]
     if s.weights_total and s.weights_bytes >= s.weights_total:
         facts.append(f"weights {s.weights_total / 1e6:.0f} MB")
     if s.compile_cache:
         facts.append(f"compile cache {s.compile_cache}")
-    return f"   {s.node}: " + ", ".join(facts) + f" ({elapsed(s, now)} since registered)"
+    return f"   {s.node}: " + ", ".join(facts) + f" ({elapsed(s, s.times.get(key, now))} since registered)"
 
 
 # -- what the agent process says (its JSON log lines on stderr) ---------------------------------------------------
