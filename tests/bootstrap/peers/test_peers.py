@@ -189,8 +189,9 @@ def test_two_warm_peers_share_the_load(model, warm_a, proxy, tmp_path):
         server_c.stop()
     assert summary.ok and visible_files(tmp_path / "b") == files and proxy.body_bytes == 0
     by_peer = summary.peers["byPeer"]
-    # The least busy warm peer is asked: neither one carries it all.
-    assert set(by_peer) == {"a", "c"} and min(by_peer.values()) >= 0.2 * sum(by_peer.values()), by_peer
+    # The least busy warm peer is asked, ties drawn at random: neither one carries it all. How the bytes split
+    # follows timing and the draw (a 92/8 split was seen in CI), so no share is asserted.
+    assert set(by_peer) == {"a", "c"} and min(by_peer.values()) > 0, by_peer
 
 
 def test_a_peer_that_refuses_this_nodes_key_is_dropped_and_s3_serves(model, warm_a, proxy, tmp_path):
