@@ -425,8 +425,8 @@ def _run(srv: servers.Servers, opts: DemoOptions, names: tuple[str, ...], work: 
             sim.run_daemonset_pod(n, p.bootstrap.namespace, prepullpod.daemonset_name(p.name))
             agents[n] = start_agent(srv, p, n, run.node_mount(p, roots[n]), stop)
         say(f"4. controller running as {ctl_user}; {opts.nodes} {INSTANCE_TYPE} node(s) launched and registered "
-            "(startup taint), a node agent following the profile on each (its kubelet identity). Per node, seconds since it "
-            "registered:")
+            "(startup taint), a node agent following the profile on each (its kubelet identity). Per node, "
+            "seconds since it registered:")
 
         def sync() -> None:
             for c in claims.values():

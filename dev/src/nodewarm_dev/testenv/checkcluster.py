@@ -69,8 +69,8 @@ class CheckCluster:
         p = profile.from_dict(doc)
         ctrl_ns = f"nodewarm-{uuid.uuid4().hex[:6]}"
         api = kube.api_client(kube.controller_token(ctrl_ns))
-        apply(k.api, [_ns(p.serving.namespace), ec2nodeclass.render(p, render.node_user_data(p, None)[0]), nodepool.render(p),
-                      render.warmprofile_document(p)])
+        apply(k.api, [_ns(p.serving.namespace), ec2nodeclass.render(p, render.node_user_data(p, None)[0]),
+                      nodepool.render(p), render.warmprofile_document(p)])
         cluster = cls(kube, k, ctrl_ns, s3_env, tmp)
         cluster.apply_profile(doc)
         opts = ControllerOptions(watch_timeout_s=20, workers=2, retry_period_s=0.3, lease_duration_s=2,
